@@ -1,0 +1,44 @@
+# specsweep: `make demo` and `make test` work on a fresh clone; they create the venvs they need.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+SGLANG_VENV := .venv-sglang
+PIP_FLAGS := -q --disable-pip-version-check
+PYTEST_ARGS ?=
+
+.PHONY: all venv sglang-venv browser demo test lint bench clean
+
+all: test
+
+venv: $(VENV)/.installed
+sglang-venv: $(SGLANG_VENV)/.installed
+
+$(VENV)/.installed: requirements/dev.txt pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/dev.txt
+	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps --no-build-isolation -e .
+	touch $@
+
+# SGLang's own parser/resolver and benchmark client, without its GPU dependencies (see
+# requirements/sglang-resolver.txt). The validator runs it in a subprocess.
+$(SGLANG_VENV)/.installed: requirements/sglang-resolver.txt requirements/sglang.txt
+	$(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install $(PIP_FLAGS) -r requirements/sglang-resolver.txt
+	$(SGLANG_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -r requirements/sglang.txt
+	touch $@
+
+demo: venv
+	$(VENV)/bin/specsweep demo
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: venv sglang-venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
+
+bench: venv sglang-venv
+	$(VENV)/bin/python -m bench
+
+clean:
+	rm -rf $(VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .hypothesis

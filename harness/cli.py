@@ -1,0 +1,80 @@
+"""``specsweep`` command line: argv in, exit code out.
+
+This is the only place that prints user errors and chooses exit codes: 0 success, 2 user error
+(bad input, with a message naming the problem and the fix), 3 "adjusted" for ``validate``, 130 on
+Ctrl-C. Subcommands live in ``harness.commands``; their modules are imported lazily so that
+``specsweep validate`` does not pay for Ray or DuckDB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from specsweep import __version__
+from specsweep.errors import SpecsweepError
+
+# Subcommand name -> module under harness.commands defining COMMAND. Order is the help order.
+COMMAND_MODULES: dict[str, str] = {
+    "validate": "validate",
+}
+
+log = logging.getLogger("specsweep")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; with ``only``, import just that subcommand's module (fast path)."""
+    parser = argparse.ArgumentParser(
+        prog="specsweep",
+        description="Find the best speculative-decoding configuration for an SGLang server.",
+    )
+    parser.add_argument("--version", action="version", version=f"specsweep {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMAND_MODULES.items():
+        if only is not None and name != only:
+            subparsers.add_parser(name)
+            continue
+        command = importlib.import_module(f"harness.commands.{module_name}").COMMAND
+        sub = subparsers.add_parser(
+            command.name, help=command.help, description=command.description or command.help
+        )
+        command.add_arguments(sub)
+        sub.set_defaults(_run=command.run)
+    return parser
+
+
+def _requested_command(argv: list[str]) -> str | None:
+    """The subcommand named in argv (first non-option word), to import only its module."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMAND_MODULES else None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``specsweep`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=_requested_command(argv))
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not hasattr(args, "_run"):
+        parser.print_help()
+        return 2
+    try:
+        return args._run(args)
+    except SpecsweepError as err:
+        print(f"specsweep {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"specsweep {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
