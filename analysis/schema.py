@@ -10,7 +10,11 @@ null, never 0. ``docs/results.md`` documents every column.
 from __future__ import annotations
 
 import dataclasses
+import os
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -98,12 +102,300 @@ REQUESTS_SCHEMA = pa.schema(
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "requests"},
 )
 
-_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord))
-if _REQUEST_FIELDS != tuple(REQUESTS_SCHEMA.names):  # pragma: no cover - guards edits to this file
-    raise RuntimeError("RequestRecord and REQUESTS_SCHEMA disagree on columns or their order")
+
+# ---------------------------------------------------------------------------------------------------
+# levels: one row per job x load level, summarised by the node worker (analysis.levels).
+# ---------------------------------------------------------------------------------------------------
+
+# Percentiles kept for every latency in the levels table; the column suffix is ``_p<N>``.
+LEVEL_PERCENTILES: tuple[int, ...] = (50, 90, 99)
+# Width of the bins of ``accept_length_hist``: bin i counts requests with i*w <= accept length < (i+1)*w.
+ACCEPT_LENGTH_BIN_WIDTH = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class LevelRecord:
+    """One load level of one job: counts, rates, latency percentiles and acceptance.
+
+    Warmup requests are excluded. Latency percentiles and per-user speed are over successful
+    requests (``error_type`` null); ``itl_ms_*`` are over all inter-token gaps of successful requests.
+    ``accept_length_*`` use the per-request accept length ``completion_tokens / spec_verify_ct``;
+    ``accept_length_mean`` is the token-weighted mean ``sum(completion_tokens) / sum(spec_verify_ct)``.
+    """
+
+    sweep_id: str
+    job_id: str
+    load_level: str
+    concurrency: int | None
+    rate_rps: float | None
+    duration_s: float
+    gpus: int
+    num_requests: int
+    num_ok: int
+    num_errors: int
+    error_counts: tuple[tuple[str, int], ...]  # (error_type, count), most frequent first
+    achieved_rate_rps: float | None
+    output_tokens: int
+    output_tok_s: float | None
+    output_tok_s_per_gpu: float | None
+    output_tok_s_per_user_p50: float | None
+    ttft_ms_mean: float | None
+    ttft_ms_p50: float | None
+    ttft_ms_p90: float | None
+    ttft_ms_p99: float | None
+    tpot_ms_mean: float | None
+    tpot_ms_p50: float | None
+    tpot_ms_p90: float | None
+    tpot_ms_p99: float | None
+    itl_ms_mean: float | None
+    itl_ms_p50: float | None
+    itl_ms_p90: float | None
+    itl_ms_p99: float | None
+    e2e_ms_mean: float | None
+    e2e_ms_p50: float | None
+    e2e_ms_p90: float | None
+    e2e_ms_p99: float | None
+    accept_length_mean: float | None
+    accept_length_p10: float | None
+    accept_length_p50: float | None
+    accept_length_p90: float | None
+    accept_length_hist: tuple[int, ...] | None
+    correct_drafts_histogram: tuple[int, ...] | None
+    server_accept_length: float | None
+
+
+def _latency_fields(name: str) -> list[pa.Field]:
+    return [pa.field(f"{name}_mean", pa.float64())] + [
+        pa.field(f"{name}_p{p}", pa.float64()) for p in LEVEL_PERCENTILES
+    ]
+
+
+LEVELS_SCHEMA = pa.schema(
+    [
+        pa.field("sweep_id", pa.string(), nullable=False),
+        pa.field("job_id", pa.string(), nullable=False),
+        pa.field("load_level", pa.string(), nullable=False),
+        pa.field("concurrency", pa.int32()),
+        pa.field("rate_rps", pa.float64()),
+        pa.field("duration_s", pa.float64(), nullable=False),
+        pa.field("gpus", pa.int32(), nullable=False),
+        pa.field("num_requests", pa.int64(), nullable=False),
+        pa.field("num_ok", pa.int64(), nullable=False),
+        pa.field("num_errors", pa.int64(), nullable=False),
+        pa.field(
+            "error_counts",
+            pa.list_(pa.struct([pa.field("error_type", pa.string()), pa.field("count", pa.int64())])),
+            nullable=False,
+        ),
+        pa.field("achieved_rate_rps", pa.float64()),
+        pa.field("output_tokens", pa.int64(), nullable=False),
+        pa.field("output_tok_s", pa.float64()),
+        pa.field("output_tok_s_per_gpu", pa.float64()),
+        pa.field("output_tok_s_per_user_p50", pa.float64()),
+        *_latency_fields("ttft_ms"),
+        *_latency_fields("tpot_ms"),
+        *_latency_fields("itl_ms"),
+        *_latency_fields("e2e_ms"),
+        pa.field("accept_length_mean", pa.float64()),
+        pa.field("accept_length_p10", pa.float64()),
+        pa.field("accept_length_p50", pa.float64()),
+        pa.field("accept_length_p90", pa.float64()),
+        pa.field("accept_length_hist", pa.list_(pa.int64())),
+        pa.field("correct_drafts_histogram", pa.list_(pa.int64())),
+        pa.field("server_accept_length", pa.float64()),
+    ],
+    metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
+)
+
+# ---------------------------------------------------------------------------------------------------
+# jobs: one row per job in its final state (done or failed). A job is committed iff its row exists.
+# ---------------------------------------------------------------------------------------------------
+
+JOB_STATUSES: tuple[str, ...] = ("done", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job: what was asked, what SGLang actually ran, how it went.
+
+    ``requested_*`` come from the plan; ``effective_*`` from the server's ``/server_info`` after
+    launch (null when the server never came up). The no-speculation baseline has a null
+    ``effective_speculative_algorithm``. ``sglang_argv`` is the exact argv the launcher ran and
+    ``launch_command`` the same as one copy-pasteable shell line.
+    """
+
+    sweep_id: str
+    job_id: str
+    status: str  # one of JOB_STATUSES
+    attempts: int
+    error_class: str | None
+    error_message: str | None
+    config_label: str  # "baseline", "chain d=4", "tree s=3 k=4 n=8", ...
+    repeat_index: int
+    gpus: int
+    model_path: str | None
+    draft_model_path: str | None
+    requested_speculative_algorithm: str | None
+    requested_speculative_num_steps: int | None
+    requested_speculative_eagle_topk: int | None
+    requested_speculative_num_draft_tokens: int | None
+    requested_max_running_requests: int | None
+    effective_speculative_algorithm: str | None
+    effective_speculative_num_steps: int | None
+    effective_speculative_eagle_topk: int | None
+    effective_speculative_num_draft_tokens: int | None
+    effective_max_running_requests: int | None
+    requested_points: tuple[str, ...]
+    sglang_argv: tuple[str, ...] | None
+    launch_command: str | None
+    server_info_json: str | None
+    node_host: str | None
+    started_unix_ns: int | None
+    finished_unix_ns: int | None
+    startup_s: float | None
+
+
+JOBS_SCHEMA = pa.schema(
+    [
+        pa.field("sweep_id", pa.string(), nullable=False),
+        pa.field("job_id", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("attempts", pa.int32(), nullable=False),
+        pa.field("error_class", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("config_label", pa.string(), nullable=False),
+        pa.field("repeat_index", pa.int32(), nullable=False),
+        pa.field("gpus", pa.int32(), nullable=False),
+        pa.field("model_path", pa.string()),
+        pa.field("draft_model_path", pa.string()),
+        pa.field("requested_speculative_algorithm", pa.string()),
+        pa.field("requested_speculative_num_steps", pa.int32()),
+        pa.field("requested_speculative_eagle_topk", pa.int32()),
+        pa.field("requested_speculative_num_draft_tokens", pa.int32()),
+        pa.field("requested_max_running_requests", pa.int32()),
+        pa.field("effective_speculative_algorithm", pa.string()),
+        pa.field("effective_speculative_num_steps", pa.int32()),
+        pa.field("effective_speculative_eagle_topk", pa.int32()),
+        pa.field("effective_speculative_num_draft_tokens", pa.int32()),
+        pa.field("effective_max_running_requests", pa.int32()),
+        pa.field("requested_points", pa.list_(pa.string()), nullable=False),
+        pa.field("sglang_argv", pa.list_(pa.string())),
+        pa.field("launch_command", pa.string()),
+        pa.field("server_info_json", pa.string()),
+        pa.field("node_host", pa.string()),
+        pa.field("started_unix_ns", pa.int64()),
+        pa.field("finished_unix_ns", pa.int64()),
+        pa.field("startup_s", pa.float64()),
+    ],
+    metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "jobs"},
+)
+
+# ---------------------------------------------------------------------------------------------------
+# sweep: one row per sweep.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRecord:
+    """A sweep as run: its spec text, software versions, host, and the client's own added delay.
+
+    ``client_delay_*_us`` is the load generator's calibration: the delay it adds between a chunk
+    leaving the (simulated) server and its arrival stamp, measured on the loopback before the sweep.
+    """
+
+    sweep_id: str
+    spec_text: str  # the spec as run (YAML)
+    specsweep_version: str
+    sglang_version: str | None
+    ray_version: str | None
+    host: str
+    client_delay_p50_us: float | None
+    client_delay_p99_us: float | None
+    created_unix_ns: int
+
+
+SWEEP_SCHEMA = pa.schema(
+    [
+        pa.field("sweep_id", pa.string(), nullable=False),
+        pa.field("spec_text", pa.string(), nullable=False),
+        pa.field("specsweep_version", pa.string(), nullable=False),
+        pa.field("sglang_version", pa.string()),
+        pa.field("ray_version", pa.string()),
+        pa.field("host", pa.string(), nullable=False),
+        pa.field("client_delay_p50_us", pa.float64()),
+        pa.field("client_delay_p99_us", pa.float64()),
+        pa.field("created_unix_ns", pa.int64(), nullable=False),
+    ],
+    metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "sweep"},
+)
+
+# ---------------------------------------------------------------------------------------------------
+# Records <-> tables, and the one way result files are written.
+# ---------------------------------------------------------------------------------------------------
+
+# Each record type and the schema it mirrors (same columns, same order).
+RECORD_SCHEMAS: dict[type, pa.Schema] = {
+    RequestRecord: REQUESTS_SCHEMA,
+    LevelRecord: LEVELS_SCHEMA,
+    JobRecord: JOBS_SCHEMA,
+    SweepRecord: SWEEP_SCHEMA,
+}
+
+for _record_type, _schema in RECORD_SCHEMAS.items():  # guards edits to this file
+    if tuple(f.name for f in dataclasses.fields(_record_type)) != tuple(_schema.names):
+        raise RuntimeError(f"{_record_type.__name__} and its schema disagree on columns or their order")
+
+
+def _column(values: list[Any], field: pa.Field) -> list[Any]:
+    """Python values for one column; tuples of pairs become structs for ``list<struct>`` columns."""
+    if pa.types.is_list(field.type) and pa.types.is_struct(field.type.value_type):
+        keys = [f.name for f in field.type.value_type]
+        return [None if v is None else [dict(zip(keys, pair, strict=True)) for pair in v] for v in values]
+    return values
+
+
+def records_table(records: list[Any], schema: pa.Schema) -> pa.Table:
+    """Arrow table of records of one type, column by column (no per-row dicts)."""
+    columns = {f.name: _column([getattr(r, f.name) for r in records], f) for f in schema}
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def requests_table(records: list[RequestRecord]) -> pa.Table:
-    """Arrow table of request records, column by column (no per-row dicts)."""
-    columns = {name: [getattr(r, name) for r in records] for name in _REQUEST_FIELDS}
-    return pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA)
+    """Arrow table of request records."""
+    return records_table(records, REQUESTS_SCHEMA)
+
+
+def levels_table(records: list[LevelRecord]) -> pa.Table:
+    """Arrow table of level records."""
+    return records_table(records, LEVELS_SCHEMA)
+
+
+def jobs_table(records: list[JobRecord]) -> pa.Table:
+    """Arrow table of job records."""
+    return records_table(records, JOBS_SCHEMA)
+
+
+def sweep_table(records: list[SweepRecord]) -> pa.Table:
+    """Arrow table of sweep records."""
+    return records_table(records, SWEEP_SCHEMA)
+
+
+def write_parquet_atomic(table: pa.Table, path: str | os.PathLike[str]) -> Path:
+    """Write ``table`` to ``path`` so readers see the old file or the whole new one, never a part.
+
+    Writes to a unique temporary name in the same directory (same filesystem, so the rename is
+    atomic), flushes it to disk, then ``os.replace``s it over ``path``. Parent directories are created.
+    """
+    import pyarrow.parquet as pq
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
