@@ -1,0 +1,80 @@
+"""SGLang 0.5.23's HTTP API: endpoint paths, response field names, metric names.
+
+The simulated server serves these, the load generator and launcher read them; neither spells a path or
+a field name of its own. Semantics are in ``shared/reference/sglang-0.5.23.md`` (HTTP API section).
+"""
+
+from __future__ import annotations
+
+SGLANG_VERSION = "0.5.23"
+
+# --- endpoints --------------------------------------------------------------------------------------
+HEALTH = "/health"
+HEALTH_GENERATE = "/health_generate"
+READY = "/ready"
+MODEL_INFO = "/model_info"
+MODEL_INFO_OLD = "/get_model_info"
+SERVER_INFO = "/server_info"
+SERVER_INFO_OLD = "/get_server_info"
+FLUSH_CACHE = "/flush_cache"
+MODELS = "/v1/models"
+GENERATE = "/generate"
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+METRICS = "/metrics"
+
+# --- streaming ---------------------------------------------------------------------------------------
+SSE_DATA_PREFIX = b"data: "
+SSE_DONE = b"[DONE]"
+
+# --- /generate meta_info -----------------------------------------------------------------------------
+META_ID = "id"
+META_FINISH_REASON = "finish_reason"
+META_PROMPT_TOKENS = "prompt_tokens"
+META_COMPLETION_TOKENS = "completion_tokens"
+META_CACHED_TOKENS = "cached_tokens"
+META_E2E_LATENCY = "e2e_latency"
+# Speculative stats, on the final chunk only (speculative decoding on).
+SPEC_VERIFY_CT = "spec_verify_ct"  # verify steps
+SPEC_ACCEPT_LENGTH = "spec_accept_length"  # completion_tokens / spec_verify_ct (bonus token included)
+SPEC_ACCEPT_RATE = "spec_accept_rate"  # correct drafts / (verify_ct * (num_draft_tokens - 1))
+SPEC_NUM_CORRECT_DRAFTS = "spec_num_correct_drafts"
+SPEC_NUM_PROPOSED_DRAFTS = "spec_num_proposed_drafts"
+SPEC_CORRECT_DRAFTS_HISTOGRAM = "spec_correct_drafts_histogram"  # index k: verify steps accepting k drafts
+SPEC_META_FIELDS = (
+    SPEC_VERIFY_CT,
+    SPEC_ACCEPT_LENGTH,
+    SPEC_ACCEPT_RATE,
+    SPEC_NUM_CORRECT_DRAFTS,
+    SPEC_NUM_PROPOSED_DRAFTS,
+    SPEC_CORRECT_DRAFTS_HISTOGRAM,
+)
+
+# --- OpenAI routes -------------------------------------------------------------------------------------
+RETURN_SPEC_TOKENS_DETAILS = "return_spec_tokens_details"  # request flag
+SGLEXT = "sglext"  # response extension object
+SPEC_TOKENS_DETAILS = "spec_tokens_details"  # inside sglext
+
+# --- /server_info ---------------------------------------------------------------------------------------
+SERVER_INFO_VERSION = "version"
+SERVER_INFO_INTERNAL_STATES = "internal_states"
+AVG_SPEC_ACCEPT_LENGTH = "avg_spec_accept_length"  # lifetime average, reset by /flush_cache
+
+# --- /metrics (Prometheus, needs --enable-metrics) -------------------------------------------------------
+METRIC_SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+METRIC_SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"
+METRIC_SPEC_NUM_STEPS = "sglang:spec_num_steps"
+METRIC_SPEC_NUM_DRAFT_TOKENS = "sglang:spec_num_draft_tokens"
+METRIC_SPEC_VERIFY_CALLS = "sglang:spec_verify_calls_total"
+METRIC_TTFT = "sglang:time_to_first_token_seconds"
+METRIC_ITL = "sglang:inter_token_latency_seconds"
+METRIC_E2E = "sglang:e2e_request_latency_seconds"
+METRIC_NUM_RUNNING = "sglang:num_running_reqs"
+
+# --- effective speculative config: the resolved_dict() keys the project compares ----------------------
+SPEC_ALGORITHM = "speculative_algorithm"
+SPEC_NUM_STEPS = "speculative_num_steps"
+SPEC_EAGLE_TOPK = "speculative_eagle_topk"
+SPEC_NUM_DRAFT_TOKENS = "speculative_num_draft_tokens"
+SPEC_DRAFT_MODEL_PATH = "speculative_draft_model_path"
+MAX_RUNNING_REQUESTS = "max_running_requests"

@@ -1,0 +1,100 @@
+"""Resolve SGLang launch commands with SGLang's own code (runs INSIDE the SGLang interpreter).
+
+Protocol: one JSON object per line on stdin, ``{"argv": [...]}``; one JSON object per line on stdout,
+``{"ok": bool, "resolved": {...} | null, "error_type": str | null, "error_message": str | null,
+"parser_exit": int | null, "parser_stderr": str}``. SGLang is imported once, so a batch of commands
+costs one import (about 10 s) plus a few tens of milliseconds each. Only stdlib and sglang are
+imported: this file must not import specsweep, which is not installed in SGLang's venv.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import sys
+import traceback
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _json_safe(value: object) -> object:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        if isinstance(value, dict):
+            return {str(k): _json_safe(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [_json_safe(v) for v in value]
+        return repr(value)
+
+
+def resolve(argv: list[str], add_device: bool) -> dict:
+    from sglang.srt.server_args import prepare_server_args
+
+    if add_device and not any(a == "--device" or a.startswith("--device=") for a in argv):
+        argv = [*argv, "--device", "cuda"]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            server_args = prepare_server_args(argv)
+    except SystemExit as exit_:
+        return {
+            "ok": False,
+            "resolved": None,
+            "error_type": "SystemExit",
+            "error_message": None,
+            "parser_exit": exit_.code,
+            "parser_stderr": stderr.getvalue(),
+        }
+    try:
+        server_args.resolve_once()
+        resolved = server_args.resolved_dict()
+    except BaseException as err:  # SGLang raises AssertionError, ValueError, TypeError, ...
+        tail = traceback.format_exception(type(err), err, err.__traceback__)[-3:]
+        return {
+            "ok": False,
+            "resolved": None,
+            "error_type": type(err).__name__,
+            "error_message": str(err),
+            "parser_exit": None,
+            "parser_stderr": "".join(tail),
+        }
+    return {
+        "ok": True,
+        "resolved": _json_safe(resolved),
+        "error_type": None,
+        "error_message": None,
+        "parser_exit": None,
+        "parser_stderr": "",
+    }
+
+
+def main() -> None:
+    # Protocol lines go to the real stdout; anything SGLang prints goes to stderr.
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    logging.disable(logging.WARNING)
+    import sglang
+
+    add_device = not _gpu_present()
+    protocol.write(json.dumps({"ready": True, "sglang_version": sglang.__version__}) + "\n")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        protocol.write(json.dumps(resolve(list(request["argv"]), add_device)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
