@@ -107,7 +107,7 @@ REQUESTS_SCHEMA = pa.schema(
 # levels: one row per job x load level, summarised by the node worker (analysis.levels).
 # ---------------------------------------------------------------------------------------------------
 
-# Percentiles kept for every latency in the levels table; the column suffix is ``_p<N>``.
+# Percentiles kept for every latency in the levels table: columns ``<latency>_p<N>_ms``.
 LEVEL_PERCENTILES: tuple[int, ...] = (50, 90, 99)
 # Width of the bins of ``accept_length_hist``: bin i counts requests with i*w <= accept length < (i+1)*w.
 ACCEPT_LENGTH_BIN_WIDTH = 0.25
@@ -118,7 +118,7 @@ class LevelRecord:
     """One load level of one job: counts, rates, latency percentiles and acceptance.
 
     Warmup requests are excluded. Latency percentiles and per-user speed are over successful
-    requests (``error_type`` null); ``itl_ms_*`` are over all inter-token gaps of successful requests.
+    requests (``error_type`` null); ``itl_*_ms`` are over all inter-token gaps of successful requests.
     ``accept_length_*`` use the per-request accept length ``completion_tokens / spec_verify_ct``;
     ``accept_length_mean`` is the token-weighted mean ``sum(completion_tokens) / sum(spec_verify_ct)``.
     """
@@ -134,27 +134,28 @@ class LevelRecord:
     num_ok: int
     num_errors: int
     error_counts: tuple[tuple[str, int], ...]  # (error_type, count), most frequent first
+    error_rate: float | None
     achieved_rate_rps: float | None
     output_tokens: int
     output_tok_s: float | None
     output_tok_s_per_gpu: float | None
-    output_tok_s_per_user_p50: float | None
-    ttft_ms_mean: float | None
-    ttft_ms_p50: float | None
-    ttft_ms_p90: float | None
-    ttft_ms_p99: float | None
-    tpot_ms_mean: float | None
-    tpot_ms_p50: float | None
-    tpot_ms_p90: float | None
-    tpot_ms_p99: float | None
-    itl_ms_mean: float | None
-    itl_ms_p50: float | None
-    itl_ms_p90: float | None
-    itl_ms_p99: float | None
-    e2e_ms_mean: float | None
-    e2e_ms_p50: float | None
-    e2e_ms_p90: float | None
-    e2e_ms_p99: float | None
+    output_tok_s_per_user: float | None
+    ttft_mean_ms: float | None
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_mean_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p90_ms: float | None
+    tpot_p99_ms: float | None
+    itl_mean_ms: float | None
+    itl_p50_ms: float | None
+    itl_p90_ms: float | None
+    itl_p99_ms: float | None
+    e2e_mean_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p90_ms: float | None
+    e2e_p99_ms: float | None
     accept_length_mean: float | None
     accept_length_p10: float | None
     accept_length_p50: float | None
@@ -165,8 +166,9 @@ class LevelRecord:
 
 
 def _latency_fields(name: str) -> list[pa.Field]:
-    return [pa.field(f"{name}_mean", pa.float64())] + [
-        pa.field(f"{name}_p{p}", pa.float64()) for p in LEVEL_PERCENTILES
+    """``<name>_mean_ms`` and ``<name>_p<N>_ms`` for each of LEVEL_PERCENTILES."""
+    return [pa.field(f"{name}_mean_ms", pa.float64())] + [
+        pa.field(f"{name}_p{p}_ms", pa.float64()) for p in LEVEL_PERCENTILES
     ]
 
 
@@ -187,15 +189,16 @@ LEVELS_SCHEMA = pa.schema(
             pa.list_(pa.struct([pa.field("error_type", pa.string()), pa.field("count", pa.int64())])),
             nullable=False,
         ),
+        pa.field("error_rate", pa.float64()),
         pa.field("achieved_rate_rps", pa.float64()),
         pa.field("output_tokens", pa.int64(), nullable=False),
         pa.field("output_tok_s", pa.float64()),
         pa.field("output_tok_s_per_gpu", pa.float64()),
-        pa.field("output_tok_s_per_user_p50", pa.float64()),
-        *_latency_fields("ttft_ms"),
-        *_latency_fields("tpot_ms"),
-        *_latency_fields("itl_ms"),
-        *_latency_fields("e2e_ms"),
+        pa.field("output_tok_s_per_user", pa.float64()),
+        *_latency_fields("ttft"),
+        *_latency_fields("tpot"),
+        *_latency_fields("itl"),
+        *_latency_fields("e2e"),
         pa.field("accept_length_mean", pa.float64()),
         pa.field("accept_length_p10", pa.float64()),
         pa.field("accept_length_p50", pa.float64()),

@@ -1,0 +1,78 @@
+"""Summarise one load level of one job from its request rows: the row the worker writes to ``levels``.
+
+The numbers come from the metric definitions in ``analysis.metrics`` run by DuckDB over the
+in-memory Arrow table, so the stored summary and every later query agree by construction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from analysis.metrics import level_summary_sql
+from analysis.schema import REQUESTS_SCHEMA, LevelRecord
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+def summarize_level(
+    requests: pa.Table,
+    *,
+    sweep_id: str,
+    job_id: str,
+    load_level: str,
+    duration_s: float,
+    gpus: int,
+    server_accept_length: float | None,
+) -> LevelRecord:
+    """The ``levels`` row for ``load_level`` from ``requests`` (REQUESTS_SCHEMA rows of one job).
+
+    Rows of other levels and warmup rows are ignored. ``duration_s`` is the measured window of the
+    level (first non-warmup send to last completion) that rates divide by; ``gpus`` the GPUs the
+    server used; ``server_accept_length`` SGLang's own ``avg_spec_accept_length`` (null if absent).
+    """
+    import duckdb
+
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    if gpus <= 0:
+        raise ValueError(f"gpus must be > 0, got {gpus}")
+    missing = set(REQUESTS_SCHEMA.names) - set(requests.column_names)
+    if missing:
+        raise ValueError(f"requests table lacks columns {sorted(missing)}")
+    con = duckdb.connect()
+    try:
+        con.register("requests_in", requests)
+        level_rows = con.sql(
+            "SELECT *, ?::DOUBLE AS duration_s, ?::INTEGER AS gpus "
+            "FROM requests_in WHERE load_level = ? AND NOT warmup",
+            params=[duration_s, gpus, load_level],
+        ).to_arrow_table()
+        con.register("req", level_rows)
+        summary = con.sql(level_summary_sql()).to_arrow_table().to_pylist()[0]
+        concurrency, rate_rps = _level_load(con)
+    finally:
+        con.close()
+    summary["error_counts"] = tuple((e["error_type"], e["count"]) for e in summary["error_counts"])
+    for name in ("accept_length_hist", "correct_drafts_histogram"):
+        if summary[name] is not None:
+            summary[name] = tuple(summary[name])
+    return LevelRecord(
+        sweep_id=sweep_id,
+        job_id=job_id,
+        load_level=load_level,
+        concurrency=concurrency,
+        rate_rps=rate_rps,
+        duration_s=float(duration_s),
+        gpus=int(gpus),
+        server_accept_length=server_accept_length,
+        **summary,
+    )
+
+
+def _level_load(con: duckdb.DuckDBPyConnection) -> tuple[int | None, float | None]:
+    """The level's target concurrency and rate, as its requests recorded them."""
+    row = con.execute("SELECT any_value(concurrency), any_value(rate_rps) FROM req").fetchone()
+    return row[0], row[1]
