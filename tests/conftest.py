@@ -1,0 +1,48 @@
+"""Shared test fixtures: model config fixtures, the SGLang interpreter, GPU auto-skip."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workers.sglang import default_sglang_python
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def kimi_target() -> Path:
+    """A Kimi-K2-shaped target: DeepseekV3ForCausalLM, hidden 7168, vocab 163840, no MTP layer."""
+    return FIXTURES / "kimi-k2"
+
+
+@pytest.fixture(scope="session")
+def eagle3_draft() -> Path:
+    """An EAGLE3 draft config for the Kimi-shaped target (LlamaForCausalLMEagle3, draft vocab 32000)."""
+    return FIXTURES / "eagle3-draft"
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> str:
+    """SGLang 0.5.23's interpreter (.venv-sglang). Tests that need it fail, never skip, without it."""
+    python = default_sglang_python()
+    if python is None:
+        pytest.fail("no SGLang interpreter: run `make sglang-venv` (make test does) or set SPECSWEEP_SGLANG_PYTHON")
+    return python
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip @pytest.mark.gpu tests on machines without an NVIDIA GPU."""
+    if shutil.which("nvidia-smi"):
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
