@@ -42,3 +42,7 @@ class ResultsError(SpecsweepError):
 
 class ClusterError(SpecsweepError):
     """The Ray cluster cannot run the sweep as asked (placement, resources, driver lock)."""
+
+
+class WorkloadError(SpecsweepError):
+    """A load level or workload that cannot run (unreadable prompts file, bad load arguments)."""

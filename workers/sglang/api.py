@@ -54,6 +54,11 @@ SPEC_META_FIELDS = (
 RETURN_SPEC_TOKENS_DETAILS = "return_spec_tokens_details"  # request flag
 SGLEXT = "sglext"  # response extension object
 SPEC_TOKENS_DETAILS = "spec_tokens_details"  # inside sglext
+STREAM_OPTIONS = "stream_options"  # request: {"include_usage": true, "continuous_usage_stats": true}
+CONTINUOUS_USAGE_STATS = "continuous_usage_stats"  # usage (completion_tokens) on every chunk
+
+# --- simulated server only (workers.sim_server): ignored by real clients ---------------------------
+SIM_SEND_NS = "sim_send_ns"  # in meta_info / each chat chunk: server monotonic ns when the chunk was sent
 
 # --- /server_info ---------------------------------------------------------------------------------------
 SERVER_INFO_VERSION = "version"

@@ -1,0 +1,176 @@
+"""One SGLang streaming response, event by event: token arrivals per chunk, then the final statistics.
+
+Per chunk only two integers are read (``completion_tokens`` and, from the simulated server, its send
+stamp) with ``workers.sse.int_field``; the tokens a chunk carried are the delta of ``completion_tokens``
+(never re-tokenised text). Full JSON is decoded only for the few chunks that carry no new tokens (role,
+finish, ``sglext``, usage, error) and, on ``/generate``, the final chunk. Both routes are covered: native
+``/generate`` (cumulative chunks, ``meta_info``) and ``/v1/chat/completions`` (``usage`` on every chunk
+with ``stream_options.continuous_usage_stats``; speculative stats in the ``sglext`` chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from workers.sglang import api
+from workers.sse import SSEEvent, int_field
+
+_COMPLETION_TOKENS_KEY = f'"{api.META_COMPLETION_TOKENS}"'.encode()
+_SERVER_SEND_NS_KEY = f'"{api.SIM_SEND_NS}"'.encode()
+
+
+class StreamError(Exception):
+    """A stream that ended in an error event or cannot be read; ``error_type`` names the class."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+@dataclass(frozen=True, slots=True)
+class FinalStats:
+    """What the last chunks of a finished stream say about the whole request (null when not said)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    finish_reason: str | None
+    spec_verify_ct: int | None
+    spec_accept_length: float | None
+    spec_accept_rate: float | None
+    spec_num_correct_drafts: int | None
+    spec_num_proposed_drafts: int | None
+    spec_correct_drafts_histogram: list[int] | None
+
+
+class ResponseStream:
+    """Collects one streaming response: arrival and tokens of every chunk that carried tokens.
+
+    ``chunk_arrival_ns`` and ``server_chunk_ns`` are absolute ``perf_counter_ns`` stamps (the caller
+    makes them relative). ``done`` turns true on ``data: [DONE]``.
+    """
+
+    __slots__ = (
+        "_chat",
+        "_completion_tokens",
+        "_tail",
+        "chunk_arrival_ns",
+        "chunk_tokens",
+        "done",
+        "done_ns",
+        "server_chunk_ns",
+    )
+
+    def __init__(self, endpoint: str) -> None:
+        self._chat = endpoint != api.GENERATE
+        self._completion_tokens = 0
+        self._tail: list[bytes] = []  # payloads without new tokens, and the last one with tokens
+        self.chunk_arrival_ns: list[int] = []
+        self.chunk_tokens: list[int] = []
+        self.server_chunk_ns: list[int] = []
+        self.done = False
+        self.done_ns: int | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens seen so far (the last ``completion_tokens`` value)."""
+        return self._completion_tokens
+
+    def add(self, event: SSEEvent) -> None:
+        """Take one event; reads two integers, decodes nothing."""
+        payload = event.data
+        if payload == api.SSE_DONE:
+            self.done = True
+            self.done_ns = event.first_byte_ns
+            return
+        total = int_field(payload, _COMPLETION_TOKENS_KEY)
+        if total is None or total <= self._completion_tokens:
+            self._tail.append(payload)
+            return
+        self.chunk_arrival_ns.append(event.first_byte_ns)
+        self.chunk_tokens.append(total - self._completion_tokens)
+        self._completion_tokens = total
+        sent = int_field(payload, _SERVER_SEND_NS_KEY)
+        if sent is not None:
+            self.server_chunk_ns.append(sent)
+        if self._chat:
+            return
+        self._tail.clear()  # /generate: the newest token chunk is the final one unless others follow
+        self._tail.append(payload)
+
+    def final_stats(self) -> FinalStats:
+        """Decode the tail chunks; raises ``StreamError`` for an error event or undecodable JSON."""
+        objects = [_decode(payload) for payload in self._tail]
+        for obj in objects:
+            if "error" in obj:
+                raise StreamError("server_error", _error_message(obj["error"]))
+        return _chat_stats(objects) if self._chat else _generate_stats(objects)
+
+
+def _decode(payload: bytes) -> dict:
+    """One chunk's JSON object, or ``StreamError('malformed_sse')``."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError as err:
+        raise StreamError("malformed_sse", f"chunk is not JSON ({err}): {payload[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise StreamError("malformed_sse", f"chunk is not a JSON object: {payload[:200]!r}")
+    return obj
+
+
+def _error_message(error: object) -> str:
+    """The message of an SGLang error object (``{"message": ..., "code": ...}``) or its text."""
+    if isinstance(error, dict):
+        return f"{error.get('code', '')} {error.get('message', error)}".strip()
+    return str(error)
+
+
+def _generate_stats(objects: list[dict]) -> FinalStats:
+    """``/generate``: everything is in the last chunk's ``meta_info``."""
+    if not objects:
+        raise StreamError("malformed_sse", "stream ended with [DONE] but carried no chunk")
+    meta = objects[-1].get("meta_info")
+    if not isinstance(meta, dict):
+        raise StreamError("malformed_sse", "final /generate chunk has no meta_info")
+    return _stats_from(meta, meta, _finish_type(meta.get(api.META_FINISH_REASON)))
+
+
+def _chat_stats(objects: list[dict]) -> FinalStats:
+    """``/v1/chat/completions``: finish reason in a choice, spec stats in ``sglext``, counts in usage."""
+    usage: dict = {}
+    spec: dict = {}
+    finish: str | None = None
+    for obj in objects:
+        if isinstance(obj.get("usage"), dict):
+            usage = obj["usage"]
+        sglext = obj.get(api.SGLEXT)
+        if isinstance(sglext, dict) and isinstance(sglext.get(api.SPEC_TOKENS_DETAILS), dict):
+            spec = sglext[api.SPEC_TOKENS_DETAILS]
+        for choice in obj.get("choices") or ():
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    return _stats_from(usage, spec, finish)
+
+
+def _finish_type(reason: object) -> str | None:
+    """SGLang's finish reason object (``{"type": "length", ...}``) to its type."""
+    if isinstance(reason, dict):
+        return reason.get("type")
+    return reason if isinstance(reason, str) else None
+
+
+def _stats_from(counts: dict, spec: dict, finish: str | None) -> FinalStats:
+    """FinalStats from the object with token counts and the one with ``spec_*`` fields."""
+    verify_ct = spec.get(api.SPEC_VERIFY_CT) or None  # SGLang's sglext reports 0 when not speculating
+    return FinalStats(
+        prompt_tokens=counts.get(api.META_PROMPT_TOKENS),
+        completion_tokens=counts.get(api.META_COMPLETION_TOKENS),
+        finish_reason=finish,
+        spec_verify_ct=verify_ct,
+        spec_accept_length=spec.get(api.SPEC_ACCEPT_LENGTH) if verify_ct else None,
+        spec_accept_rate=spec.get(api.SPEC_ACCEPT_RATE) if verify_ct else None,
+        spec_num_correct_drafts=spec.get(api.SPEC_NUM_CORRECT_DRAFTS) if verify_ct else None,
+        spec_num_proposed_drafts=spec.get(api.SPEC_NUM_PROPOSED_DRAFTS) if verify_ct else None,
+        spec_correct_drafts_histogram=spec.get(api.SPEC_CORRECT_DRAFTS_HISTOGRAM) if verify_ct else None,
+    )
