@@ -34,7 +34,9 @@ def sglang_python() -> str:
     """SGLang 0.5.23's interpreter (.venv-sglang). Tests that need it fail, never skip, without it."""
     python = default_sglang_python()
     if python is None:
-        pytest.fail("no SGLang interpreter: run `make sglang-venv` (make test does) or set SPECSWEEP_SGLANG_PYTHON")
+        pytest.fail(
+            "no SGLang interpreter: run `make sglang-venv` (make test does) or set SPECSWEEP_SGLANG_PYTHON"
+        )
     return python
 
 

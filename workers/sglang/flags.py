@@ -18,10 +18,8 @@ from typing import Any
 
 from specsweep.errors import InvalidArgumentsError
 
-# Spellings SGLang 0.5.23 does not accept, with the flag that replaces them. Sources: SGLang's changelog
-# (removed/renamed flags) and other engines' names for the same setting (vLLM, TensorRT-LLM).
-REPLACED_FLAGS: dict[str, tuple[str, str]] = {
-    # old or foreign spelling: (replacement, why)
+# Flags SGLang itself used to accept, with what replaces them (exit 2 in 0.5.23).
+REMOVED_FLAGS: dict[str, tuple[str, str]] = {
     "--cuda-graph-max-bs": (
         "--cuda-graph-max-bs-decode",
         "removed in SGLang 0.5.x; split into --cuda-graph-max-bs-decode and --cuda-graph-max-bs-prefill",
@@ -30,6 +28,9 @@ REPLACED_FLAGS: dict[str, tuple[str, str]] = {
         "--speculative-draft-model-path",
         "old spelling; now an ambiguous prefix of several --speculative-draft-* flags",
     ),
+}
+# Other engines' names (vLLM, TensorRT-LLM) for SGLang settings: the usual source of "unrecognized".
+FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
     "--num-speculative-tokens": (
         "--speculative-num-draft-tokens",
         "vLLM's name; SGLang also needs --speculative-num-steps and --speculative-eagle-topk",
@@ -43,6 +44,7 @@ REPLACED_FLAGS: dict[str, tuple[str, str]] = {
     "--gpu-memory-utilization": ("--mem-fraction-static", "vLLM's name"),
     "--model": ("--model-path", "vLLM's name"),
 }
+KNOWN_REPLACEMENTS = {**FOREIGN_FLAGS, **REMOVED_FLAGS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +86,8 @@ class FlagTable:
         Plain edit distance misses reordered words (``--num-speculative-tokens``), so candidates are
         scored by the overlap of their dash-separated words plus difflib's character ratio.
         """
-        if option in REPLACED_FLAGS:
-            return [REPLACED_FLAGS[option][0]]
+        if option in KNOWN_REPLACEMENTS:
+            return [KNOWN_REPLACEMENTS[option][0]]
         words = set(option.lstrip("-").split("-"))
         scored: list[tuple[float, str]] = []
         for opt in self.by_option:
@@ -187,7 +189,7 @@ def _resolve_option(table: FlagTable, token: str) -> tuple[Flag, str, str | None
         return table.by_option[option], option, explicit
     matches = table.prefix_matches(option)
     if len(matches) > 1:
-        hint = REPLACED_FLAGS.get(option)
+        hint = KNOWN_REPLACEMENTS.get(option)
         raise ArgvError(
             "ambiguous_flag",
             f"ambiguous option: {option} could match {', '.join(matches)}",
@@ -207,10 +209,10 @@ def _unknown_flag_error(table: FlagTable, unknown: list[str]) -> ArgvError:
             f"unrecognized arguments: {' '.join(unknown)}",
             fix="every value must follow its flag; check for a missing flag name or a stray word",
         )
-    if option in REPLACED_FLAGS:
-        replacement, why = REPLACED_FLAGS[option]
+    if option in KNOWN_REPLACEMENTS:
+        replacement, why = KNOWN_REPLACEMENTS[option]
         fix = f"use {replacement} ({why})"
-        code = "removed_flag"
+        code = "removed_flag" if option in REMOVED_FLAGS else "unknown_flag"
     else:
         suggestions = table.suggest(option)
         fix = f"did you mean {' or '.join(suggestions)}?" if suggestions else "see `sglang serve --help`"

@@ -1,0 +1,248 @@
+"""The validator: the mission's three launches, each project rule, and agreement with SGLang's resolver."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workers.sglang import SGLangResolver, flag_table, validate, validate_many
+from workers.sglang.validate import _report, _resolver_argv
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+KIMI = str(FIXTURES / "kimi-k2")
+DRAFT = str(FIXTURES / "eagle3-draft")
+LLAMA = str(FIXTURES / "llama-target")
+
+MISSION_BASE = [
+    "--model-path", KIMI, "--tp-size", "8", "--speculative-algorithm", "EAGLE3",
+    "--speculative-draft-model-path", DRAFT, "--speculative-eagle-topk", "1",
+]  # fmt: skip
+MISSION_1 = [*MISSION_BASE, "--num-speculative-tokens", "16"]
+MISSION_2 = [*MISSION_BASE, "--speculative-num-draft-tokens", "16"]
+MISSION_3 = [*MISSION_2, "--speculative-num-steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def mission_reports(sglang_python: str):
+    """The three mission launches, validated in one SGLang process."""
+    return validate_many([MISSION_1, MISSION_2, MISSION_3], sglang_python=sglang_python)
+
+
+def test_validate_rejects_foreign_flag_when_mission_launch_1(mission_reports) -> None:
+    """`--num-speculative-tokens` is invalid and the fix names `--speculative-num-draft-tokens`."""
+    report = mission_reports[0]
+    assert report.status == "invalid" and report.exit_code == 2
+    assert report.errors[0].code == "unknown_flag"
+    assert "--speculative-num-draft-tokens" in report.errors[0].suggestion
+    assert report.layers["sglang 0.5.23"].startswith("parser exit 2")
+
+
+def test_validate_explains_bare_assertion_when_mission_launch_2(mission_reports) -> None:
+    """Draft tokens without steps: SGLang's bare AssertionError, explained as 'give all three together'."""
+    report = mission_reports[1]
+    assert report.status == "invalid"
+    assert report.layers["sglang 0.5.23"] == "bare AssertionError"
+    error = report.errors[0]
+    assert error.code == "sglang_error" and "AssertionError" in error.message
+    assert "together" in error.suggestion
+
+
+def test_validate_reports_silent_rewrite_when_mission_launch_3(mission_reports) -> None:
+    """topk 1 + 16 draft tokens + 1 step runs 2 draft tokens; the fix is 15 steps."""
+    report = mission_reports[2]
+    assert report.status == "adjusted" and report.exit_code == 3
+    assert report.checked_by == ["builtin", "sglang 0.5.23"]
+    assert report.requested.speculative_num_draft_tokens == 16
+    assert report.effective.speculative_num_draft_tokens == 2
+    assert report.effective.max_running_requests == 48
+    corrected = report.corrected_argv
+    assert corrected[corrected.index("--speculative-num-steps") + 1] == "15"
+    assert corrected[corrected.index("--speculative-num-draft-tokens") + 1] == "16"
+    assert not report.warnings  # the built-in mirror agrees with SGLang
+
+
+def test_validate_corrected_command_really_runs_16_tokens_when_resolved_by_sglang(
+    mission_reports, sglang_python: str
+) -> None:
+    """The suggested command, fed back to SGLang, resolves to a 16-token chain with nothing changed."""
+    report = validate(mission_reports[2].corrected_argv, sglang_python=sglang_python)
+    assert report.status == "ok"
+    assert report.effective.speculative_num_draft_tokens == 16
+    assert report.effective.speculative_num_steps == 15
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["--model-path", KIMI, "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", DRAFT],
+         "eagle3_draft_with_eagle"),
+        (["--model-path", KIMI, "--speculative-algorithm", "EAGLE3"], "eagle3_without_draft"),
+        (["--model-path", KIMI, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"],
+         "speculation_without_algorithm"),
+        ([*MISSION_BASE[:8], "--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
+          "--speculative-num-draft-tokens", "8"], "draft_tokens_exceed_tree"),
+        ([*MISSION_BASE[:8], "--speculative-num-steps", "0", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "1"], "nonpositive"),
+        ([*MISSION_BASE[:8], "--speculative-num-steps", "3", "--speculative-eagle-topk", "4"], "incomplete_triple"),
+        ([*MISSION_BASE[:8], "--speculative-num-steps", "3"], "incomplete_triple"),
+        (["--model-path", LLAMA, "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+          str(FIXTURES / "eagle3-draft-llama-arch")], "draft_architecture"),
+        (["--model-path", KIMI, "--cuda-graph-max-bs", "8"], "ambiguous_flag"),
+        (["--model-path", KIMI, "--speculative-draft", DRAFT], "ambiguous_flag"),
+        (["--model-path", KIMI, "--speculative-num-step", "3x"], "bad_value"),
+        (["--model-path", KIMI, "--tp-size"], "missing_value"),
+    ],
+)  # fmt: skip
+def test_builtin_rule_refuses_launch_when_rule_applies(argv: list[str], code: str) -> None:
+    """Each project rule and parser rule gives its own error code, a message and a fix."""
+    report = validate(argv, use_resolver=False)
+    assert report.status == "invalid"
+    assert report.errors[0].code == code
+    assert report.errors[0].message and report.errors[0].suggestion
+
+
+def test_builtin_accepts_aliases_without_adjustment_when_nextn_lowercase() -> None:
+    """NEXTN -> EAGLE and lower-case names are not adjustments; defaults are reported, not adjusted."""
+    report = validate(
+        ["--model-path", str(FIXTURES / "kimi-k2-mtp"), "--speculative-algorithm", "nextn"],
+        use_resolver=False,
+    )
+    assert report.status == "ok"
+    assert report.effective.speculative_algorithm == "EAGLE"
+    assert (report.effective.speculative_num_steps, report.effective.speculative_eagle_topk) == (3, 1)
+
+
+def test_builtin_uses_wide_tree_defaults_when_llama_target() -> None:
+    """SGLang's defaults by architecture: (5, 4, 8) for Llama targets."""
+    report = validate(
+        ["--model-path", LLAMA, "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT],
+        use_resolver=False,
+    )
+    assert report.effective.speculative_num_steps == 5
+    assert report.effective.speculative_eagle_topk == 4
+    assert report.effective.speculative_num_draft_tokens == 8
+
+
+def test_flag_table_matches_installed_sglang_when_regenerated(sglang_python: str) -> None:
+    """The packaged flag table is exactly what the installed SGLang's parser declares (drift check)."""
+    script = Path(__file__).parents[2] / "workers" / "sglang" / "dump_flags.py"
+    out = subprocess.run(
+        [sglang_python, str(script)], capture_output=True, text=True, check=True, timeout=300
+    )
+    live = json.loads(out.stdout)
+    packaged = flag_table()
+    assert live["sglang_version"] == packaged.sglang_version
+    assert [tuple(f["options"]) for f in live["flags"]] == [f.options for f in packaged.flags], (
+        "workers/sglang/flags.json drifted from SGLang: regenerate it with "
+        "`.venv-sglang/bin/python workers/sglang/dump_flags.py > workers/sglang/flags.json`"
+    )
+    assert [f["default"] for f in live["flags"]] == [f.default for f in packaged.flags]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agreement with SGLang on a generated corpus
+# ---------------------------------------------------------------------------------------------------
+
+TARGETS = [KIMI, LLAMA, str(FIXTURES / "kimi-k2-mtp")]
+DRAFTS = [None, DRAFT, str(FIXTURES / "eagle3-draft-llama-arch")]
+ALGORITHMS = [None, "EAGLE3", "EAGLE", "NEXTN", "eagle3", "MEDUSA"]
+SMALL_INTS = st.one_of(st.none(), st.integers(min_value=0, max_value=12))
+EXTRAS = [
+    [], ["--page-size", "16"], ["--attention-backend", "trtllm_mha"], ["--attention-backend", "flashinfer"],
+    ["--max-running-requests", "128"], ["--speculative-use-rejection-sampling"], ["--cuda-graph-max-bs", "8"],
+    ["--num-speculative-tokens", "4"], ["--speculative-algo", "EAGLE3"], ["--tp", "8"],
+]  # fmt: skip
+
+
+@st.composite
+def launch_commands(draw: st.DrawFn) -> list[str]:
+    argv = ["--model-path", draw(st.sampled_from(TARGETS))]
+    algorithm = draw(st.sampled_from(ALGORITHMS))
+    if algorithm is not None:
+        argv += ["--speculative-algorithm", algorithm]
+    draft = draw(st.sampled_from(DRAFTS))
+    if draft is not None:
+        argv += ["--speculative-draft-model-path", draft]
+    for flag in ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"):
+        value = draw(SMALL_INTS)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + draw(st.sampled_from(EXTRAS))
+
+
+@pytest.fixture(scope="module")
+def resolver(sglang_python: str):
+    with SGLangResolver(sglang_python) as live:
+        yield live
+
+
+AGREEMENT: dict[str, int] = {"examples": 0, "sglang_invalid": 0}
+
+
+@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argv=launch_commands())
+def test_builtin_never_says_ok_when_sglang_says_invalid(resolver: SGLangResolver, argv: list[str]) -> None:
+    """Property: on generated launches, whenever SGLang's resolver refuses one, the built-in layer does too;
+    whenever both accept, they agree on the effective speculative config."""
+    builtin = _report(argv, None, None, None, None)
+    sglang = resolver.resolve(_resolver_argv(argv, None, None))
+    AGREEMENT["examples"] += 1
+    if not sglang.ok:
+        AGREEMENT["sglang_invalid"] += 1
+        assert builtin.status == "invalid", f"SGLang refused {argv} ({sglang.error_type}) but builtin said ok"
+    elif builtin.status != "invalid":
+        combined = _report(argv, sglang, "sglang", None, None)
+        assert not [w for w in combined.warnings if w.code == "builtin_drift"], combined.warnings
+
+
+def test_agreement_corpus_was_large_and_mixed() -> None:
+    """The property test above saw >= 200 launches, and SGLang refused a real share of them."""
+    assert AGREEMENT["examples"] >= 200
+    assert AGREEMENT["sglang_invalid"] >= 20
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "validate", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_validate_prints_json_and_exit_3_when_adjusted(sglang_python: str) -> None:
+    """`specsweep validate --json` prints the documented object; exit code 3 for an adjusted launch."""
+    proc = _cli("--json", "--sglang-python", sglang_python, "--", *MISSION_3)
+    assert proc.returncode == 3, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "adjusted"
+    assert set(out["requested"]) == set(out["effective"]) == {
+        "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+        "speculative_num_draft_tokens", "max_running_requests",
+    }  # fmt: skip
+    assert out["effective"]["speculative_num_draft_tokens"] == 2
+    assert out["checked_by"] == ["builtin", "sglang 0.5.23"]
+    assert out["errors"] == []
+
+
+def test_cli_validate_human_report_shows_fix_and_exit_2_when_invalid() -> None:
+    """The human report names the bad flag and the fix; no traceback."""
+    proc = _cli("--builtin-only", "--", *MISSION_1)
+    assert proc.returncode == 2
+    assert "--speculative-num-draft-tokens" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_cli_validate_names_missing_interpreter_when_sglang_python_wrong() -> None:
+    """A wrong --sglang-python is a user error with the fix, not a traceback."""
+    proc = _cli("--sglang-python", "/nonexistent/python", "--", *MISSION_3)
+    assert proc.returncode == 2
+    assert "make sglang-venv" in proc.stderr and "Traceback" not in proc.stderr
