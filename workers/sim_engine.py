@@ -1,0 +1,369 @@
+"""The simulated server's scheduler: continuous batching in real time, driven by ``workers.sim_model``.
+
+One asyncio task runs the loop SGLang's scheduler runs: admit waiting requests (one prefill iteration,
+which yields each one's first token), otherwise run one decode iteration over every running request (one
+verify step each, accepting a sampled prefix of the draft plus the bonus token). Each iteration ends at an
+absolute deadline on the event loop's clock (``previous deadline + cost x time scale``), so lateness never
+accumulates into drift. The tokens of an iteration are handed to each request's stream at its deadline:
+one ``Progress`` per verify step, carrying every token accepted in that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from workers.sim_faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line
+from workers.sim_model import (
+    DraftShape,
+    SimProfile,
+    decode_step_seconds,
+    depth_accept_probs,
+    prefill_seconds,
+    sample_accepted_drafts,
+)
+from workers.sim_settings import FaultMode, SimSettings
+
+logger = logging.getLogger(__name__)
+
+DECODE_LOG_INTERVAL = 40  # SGLang folds its speculative window into the lifetime average this often
+
+# The simulator's "vocabulary": token id i is the word TOKEN_WORDS[i]; a word-level tokenizer over the same
+# list (see tests) round-trips prompts and outputs exactly, so token counts agree on both sides.
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+_SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]
+TOKEN_WORDS: tuple[str, ...] = tuple(a + b for a in _SYLLABLES for b in _SYLLABLES)
+EOS_TOKEN_ID = len(TOKEN_WORDS)
+_TOKEN_TEXT = tuple(" " + word for word in TOKEN_WORDS)
+_TOKEN_STRIDE = 7919  # successive output ids walk the vocabulary with a prime stride
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What one iteration did for one request: the stream turns it into one chunk."""
+
+    completion_tokens: int
+    text: str  # cumulative
+    finish_reason: dict | None
+    scheduled_ns: int  # the iteration's deadline, on time.perf_counter_ns()'s clock
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """One generation request inside the scheduler."""
+
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    natural_len: int | None  # where an EOS would end it (None: ignore_eos)
+    stop: tuple[str, ...]
+    probs: tuple[float, ...]
+    rng: random.Random
+    token_base: int  # where this request's output walks the vocabulary from
+    health_check: bool = False
+    seq_no: int = 0  # 1-based order among generation requests (0: health check)
+    received_ns: int = field(default_factory=time.perf_counter_ns)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: dict | None = None
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    histogram: list[int] = field(default_factory=list)
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    updates: asyncio.Queue[Progress] = field(default_factory=asyncio.Queue)
+
+    def append(self, count: int) -> None:
+        """Add ``count`` output tokens, stopping early at a stop string, EOS or the length limit."""
+        for _ in range(count):
+            position = len(self.output_ids)
+            if position + 1 == self.natural_len and self.natural_len < self.max_new_tokens:
+                self.output_ids.append(EOS_TOKEN_ID)
+                self.finish_reason = {"type": "stop", "matched": EOS_TOKEN_ID}
+                return
+            token = (self.token_base + position * _TOKEN_STRIDE) % EOS_TOKEN_ID
+            self.output_ids.append(token)
+            self.text += _TOKEN_TEXT[token]
+            if self.stop and self._hit_stop():
+                return
+            if len(self.output_ids) >= self.max_new_tokens:
+                self.finish_reason = {"type": "length", "length": self.max_new_tokens}
+                return
+
+    def _hit_stop(self) -> bool:
+        for stop in self.stop:
+            at = self.text.find(stop)
+            if at >= 0:
+                self.text = self.text[:at]
+                self.finish_reason = {"type": "stop", "matched": stop}
+                return True
+        return False
+
+
+@dataclass(slots=True)
+class SpecCounters:
+    """SGLang's speculative counters: a window folded into lifetime totals every 40 decode iterations."""
+
+    window_accept_tokens: int = 0
+    window_correct_drafts: int = 0
+    window_forward_ct: int = 0
+    total_accept_tokens: int = 0
+    total_forward_ct: int = 0
+    verify_calls_total: int = 0
+    last_accept_length: float = 0.0
+    last_accept_rate: float = 0.0
+
+    def average_accept_length(self) -> float | None:
+        """/server_info's avg_spec_accept_length: None until the first fold."""
+        return self.total_accept_tokens / self.total_forward_ct if self.total_forward_ct else None
+
+
+class SimEngine:
+    """Continuous-batching scheduler; ``submit`` a request and read its ``updates`` queue."""
+
+    def __init__(
+        self,
+        settings: SimSettings,
+        shape: DraftShape | None,
+        max_running_requests: int | None,
+        on_finish: Callable[[SimRequest], None] | None = None,
+        *,
+        drafts_always_rejected: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.profile: SimProfile = settings.profile
+        self.shape = shape
+        self.max_running = max_running_requests or 1 << 30
+        self.on_finish = on_finish
+        self.drafts_always_rejected = drafts_always_rejected
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.counters = SpecCounters()
+        self.decode_iterations = 0
+        self.generation_requests = 0
+        self.last_output_ns = 0
+        self._work = asyncio.Event()
+        self._output = asyncio.Event()
+        self._seen_prompts: dict[bytes, int] = {}
+        self._probs_by_temperature: dict[float, tuple[float, ...]] = {}
+        loop = asyncio.get_running_loop()
+        # loop.time() and perf_counter_ns() are both monotonic; one offset maps deadlines onto the latter.
+        self._ns_offset = time.perf_counter_ns() - int(loop.time() * 1e9)
+
+    # --- requests --------------------------------------------------------------------------------------
+    def new_request(
+        self,
+        *,
+        rid: str,
+        prompt_key: bytes,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        temperature: float,
+        ignore_eos: bool,
+        stop: tuple[str, ...],
+        health_check: bool = False,
+    ) -> SimRequest:
+        """A request seeded by (seed, prompt, how often this prompt was seen): reproducible per request."""
+        digest = hashlib.blake2b(prompt_key, digest_size=16).digest()
+        occurrence = self._seen_prompts.get(digest, 0)
+        self._seen_prompts[digest] = occurrence + 1
+        rng = random.Random(f"{self.settings.seed}:{digest.hex()}:{occurrence}")
+        natural = None if ignore_eos else 1 + int(rng.expovariate(1.0 / self.profile.natural_output_tokens))
+        return SimRequest(
+            rid=rid,
+            prompt_tokens=max(prompt_tokens, 1),
+            max_new_tokens=max_new_tokens,
+            natural_len=natural,
+            stop=stop,
+            probs=self._probs(temperature),
+            rng=rng,
+            token_base=rng.randrange(EOS_TOKEN_ID),
+            health_check=health_check,
+        )
+
+    def submit(self, request: SimRequest) -> None:
+        """Queue a request; crash here when the crash_after fault says this one is too many."""
+        if not request.health_check:
+            self.generation_requests += 1
+            request.seq_no = self.generation_requests
+            if (
+                self.settings.fault is FaultMode.CRASH_AFTER
+                and self.generation_requests > self.settings.fault_after
+            ):
+                die_like_sglang(RUNTIME_CRASH_TRACEBACK, starting=False)
+        if request.max_new_tokens <= 0:
+            request.finish_reason = {"type": "length", "length": 0}
+            self._publish(request, time.perf_counter_ns())
+            return
+        self.waiting.append(request)
+        self._work.set()
+
+    def abort(self, request: SimRequest) -> None:
+        """Drop a request whose client went away (SGLang aborts it too)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def is_idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def flush_cache(self) -> bool:
+        """Reset the speculative counters when idle, as SGLang's flush_cache does; False when busy."""
+        if not self.is_idle():
+            logger.warning(
+                "Cache not flushed because there are pending requests. #queue-req: %d, #running-req: %d",
+                len(self.waiting),
+                len(self.running),
+            )
+            return False
+        self.counters = SpecCounters()
+        logger.info("Cache flushed successfully!")
+        return True
+
+    async def wait_for_output_after(self, since_ns: int, timeout_s: float) -> bool:
+        """True once any request produced output after ``since_ns`` (how SGLang's /health decides)."""
+        deadline = time.monotonic() + timeout_s
+        while self.last_output_ns <= since_ns:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._output.clear()
+            try:
+                await asyncio.wait_for(self._output.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
+
+    # --- the loop ---------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """The scheduler loop; runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        scale = self.settings.time_scale
+        deadline = loop.time()
+        while True:
+            if self.is_idle():
+                self._work.clear()
+                await self._work.wait()
+                deadline = max(deadline, loop.time())
+            room = self.max_running - len(self.running)
+            if self.waiting and room > 0:
+                admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+                deadline += prefill_seconds(self.profile, sum(r.prompt_tokens for r in admitted)) * scale
+                await self._sleep_until(loop, deadline)
+                self._finish_prefill(admitted, self._to_ns(deadline))
+            else:
+                deadline += decode_step_seconds(self.profile, self.shape, len(self.running)) * scale
+                await self._sleep_until(loop, deadline)
+                await self._finish_decode(self._to_ns(deadline))
+
+    async def _sleep_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        if deadline <= loop.time():
+            return
+        wake = loop.create_future()
+        handle = loop.call_at(deadline, _resolve, wake)
+        try:
+            await wake
+        finally:
+            handle.cancel()
+
+    def _finish_prefill(self, admitted: list[SimRequest], scheduled_ns: int) -> None:
+        for request in admitted:
+            request.append(1)
+            request.first_token_ns = scheduled_ns
+            self._publish(request, scheduled_ns)
+            if request.finish_reason is None:
+                self.running.append(request)
+
+    async def _finish_decode(self, scheduled_ns: int) -> None:
+        batch = self.running
+        counters = self.counters
+        for request in batch:
+            drafts = sample_accepted_drafts(request.probs, request.rng) if self.shape else 0
+            before = len(request.output_ids)
+            request.append(1 + drafts)
+            produced = len(request.output_ids) - before
+            if self.shape:
+                correct = produced - 1
+                request.verify_ct += 1
+                request.correct_drafts += correct
+                histogram = request.histogram
+                if len(histogram) <= correct:
+                    histogram.extend([0] * (correct + 1 - len(histogram)))
+                histogram[correct] += 1
+                if not request.health_check:
+                    counters.window_accept_tokens += produced
+                    counters.window_correct_drafts += correct
+                    counters.window_forward_ct += 1
+                    counters.verify_calls_total += 1
+            self._publish(request, scheduled_ns)
+        self.running = [r for r in batch if r.finish_reason is None]
+        self.decode_iterations += 1
+        if self.shape and self.decode_iterations % DECODE_LOG_INTERVAL == 0:
+            self._fold_window()
+        if self._should_hang():
+            logger.info("simulated fault: scheduler hangs mid-stream")
+            await asyncio.get_running_loop().create_future()  # never resolves: the scheduler is stuck
+
+    def _publish(self, request: SimRequest, scheduled_ns: int) -> None:
+        request.last_token_ns = scheduled_ns
+        self.last_output_ns = scheduled_ns
+        self._output.set()
+        request.updates.put_nowait(
+            Progress(len(request.output_ids), request.text, request.finish_reason, scheduled_ns)
+        )
+        if request.finish_reason is not None and self.on_finish is not None:
+            self.on_finish(request)
+
+    def _fold_window(self) -> None:
+        """Every 40 decode iterations: log SGLang's decode line and fold the window into the totals."""
+        c = self.counters
+        if not c.window_forward_ct:
+            return
+        c.last_accept_length = c.window_accept_tokens / c.window_forward_ct
+        drafts = c.window_forward_ct * (self.shape.num_draft_tokens - 1) if self.shape else 0
+        c.last_accept_rate = c.window_correct_drafts / drafts if drafts else 0.0
+        c.total_accept_tokens += c.window_accept_tokens
+        c.total_forward_ct += c.window_forward_ct
+        c.window_accept_tokens = c.window_correct_drafts = c.window_forward_ct = 0
+        logger.info(
+            log_line(
+                f"Decode batch, #running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, "
+                f"accept len: {c.last_accept_length:.2f}, accept rate: {c.last_accept_rate:.2f}",
+                rank="TP0",
+            )
+        )
+
+    def _should_hang(self) -> bool:
+        if self.settings.fault is not FaultMode.HANG_MID_STREAM:
+            return False
+        return any(
+            r.seq_no > self.settings.fault_after and 2 * len(r.output_ids) >= r.max_new_tokens
+            for r in self.running
+        )
+
+    def _probs(self, temperature: float) -> tuple[float, ...]:
+        if self.shape is None:
+            return ()
+        probs = self._probs_by_temperature.get(temperature)
+        if probs is None:
+            probs = depth_accept_probs(self.profile, self.shape, temperature)
+            if self.drafts_always_rejected:
+                probs = tuple(0.0 for _ in probs)
+            self._probs_by_temperature[temperature] = probs
+        return probs
+
+    def _to_ns(self, loop_time: float) -> int:
+        return int(loop_time * 1e9) + self._ns_offset
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

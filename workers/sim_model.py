@@ -1,0 +1,238 @@
+"""Performance model of the simulated SGLang server, and its ground truth.
+
+The simulated server (``workers.sim_server``) runs this model in real time; the search and the tests call
+the same functions to know, without running anything, which speculative config is truly best for a load.
+Pure functions and frozen data only: no I/O, no clocks, no randomness except through a passed-in RNG.
+
+Model (all times in seconds at time scale 1, i.e. as on the real hardware the profile describes):
+
+- One decode iteration of a batch of ``b`` running requests costs
+  ``overhead + draft + verify`` where, with speculative decoding (steps ``s``, topk ``k``, draft tokens
+  ``n``), ``draft = (s + 1) * (draft_fixed + draft_per_token * b * k)`` (``s`` draft forwards plus the
+  draft-extend pass after verification) and ``verify = target_fixed + target_per_token * b * n``. Without
+  speculation it is ``overhead + target_fixed + target_per_token * b``. Big batches therefore make deep
+  drafts expensive: the verify pass grows with ``b * n``.
+- A prefill iteration over ``t`` prompt tokens costs ``prefill_fixed + prefill_per_token * t`` and yields
+  each admitted request's first token. Decode stalls while it runs (SGLang's default, no mixed chunks).
+- Acceptance: a draft tree of ``n - 1`` nodes over ``min(s, n - 1)`` depths; depth ``d`` (0-based) holds
+  ``c_d`` candidates (1 along the chain, extra siblings given to the shallowest depths first, at most
+  ``k`` per depth). The chance that depth ``d`` is accepted once depth ``d - 1`` was is
+  ``q_d = 1 - (1 - p_d) ** (1 + topk_gain * (c_d - 1))`` with ``p_d = accept_first * accept_decay ** d``
+  scaled down by temperature. A verify step accepts a prefix of the depths plus the bonus token.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.sglang.rules import SpecParams
+
+
+class SimProfile(BaseModel):
+    """Costs and acceptance of one (hardware, target, draft) combination; loadable from JSON or YAML."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(description="Human-readable name of the profile, reported in /server_info.")
+    overhead_s: float = Field(ge=0, description="Fixed scheduler, sampling and launch cost per iteration.")
+    target_fixed_s: float = Field(gt=0, description="Target forward cost independent of token count.")
+    target_per_token_s: float = Field(ge=0, description="Target forward cost per token in the pass.")
+    draft_fixed_s: float = Field(ge=0, description="Draft forward cost independent of token count.")
+    draft_per_token_s: float = Field(ge=0, description="Draft forward cost per token (batch x topk).")
+    prefill_fixed_s: float = Field(ge=0, description="Prefill iteration cost independent of prompt size.")
+    prefill_per_token_s: float = Field(ge=0, description="Prefill cost per prompt token (target + draft).")
+    accept_first: float = Field(gt=0, lt=1, description="Acceptance chance of the first draft token.")
+    accept_decay: float = Field(gt=0, le=1, description="Per-depth factor on the acceptance chance.")
+    topk_gain: float = Field(
+        ge=0, le=1, description="Worth of each extra sibling candidate relative to the first one (0..1)."
+    )
+    temperature_penalty: float = Field(
+        ge=0, lt=1, description="Fraction of acceptance lost at temperature 1 (linear in temperature)."
+    )
+    natural_output_tokens: int = Field(
+        ge=1, description="Mean output length (exponential) of requests that do not set ignore_eos."
+    )
+
+
+# 8x H200 (TP 8) serving a ~1T-parameter MoE target (Kimi-K2-like, ~32B active) with a one-layer EAGLE3
+# draft. At concurrency 1 the target pass is memory-bound (~14 ms whatever the token count), so deep
+# chains pay off; at high concurrency every verified token costs target compute, so shallow chains or
+# plain decoding win.
+DEFAULT_PROFILE = SimProfile(
+    name="h200x8-kimi-k2-eagle3",
+    overhead_s=0.0008,
+    target_fixed_s=0.0135,
+    target_per_token_s=0.0004,
+    draft_fixed_s=0.00035,
+    draft_per_token_s=0.000004,
+    prefill_fixed_s=0.008,
+    prefill_per_token_s=0.00004,
+    accept_first=0.84,
+    accept_decay=0.99,
+    topk_gain=0.45,
+    temperature_penalty=0.15,
+    natural_output_tokens=400,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftShape:
+    """The effective speculative shape the model prices: SGLang's resolved steps, topk and draft tokens."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @classmethod
+    def from_spec(cls, spec: SpecParams) -> DraftShape | None:
+        """The shape of an effective (resolved) config; None when speculative decoding is off."""
+        if spec.speculative_algorithm is None:
+            return None
+        if None in (
+            spec.speculative_num_steps,
+            spec.speculative_eagle_topk,
+            spec.speculative_num_draft_tokens,
+        ):
+            raise ValueError(f"speculative config is not resolved: {spec}")
+        return cls(spec.speculative_num_steps, spec.speculative_eagle_topk, spec.speculative_num_draft_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A closed-loop load: ``concurrency`` clients, each sending the next request when one finishes."""
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroundTruth:
+    """What a config is expected to deliver under a load (seconds at time scale 1)."""
+
+    accept_length: float  # tokens per verify step (bonus included): /server_info's avg_spec_accept_length
+    reported_accept_length: float  # completion_tokens / spec_verify_ct as meta_info reports it
+    verify_steps: float  # expected decode iterations per request
+    decode_step_s: float  # one decode iteration at the steady batch
+    batch: int  # running requests (concurrency capped by max_running_requests)
+    tpot_s: float  # (latency - ttft) / (output_len - 1), per request
+    ttft_s: float  # approximate: own prefill, half an iteration, and queueing beyond max_running
+    request_latency_s: float
+    output_throughput: float  # output tokens per second, whole server
+
+
+def depth_candidates(shape: DraftShape) -> tuple[int, ...]:
+    """Candidates per depth of the draft tree: one per depth, extra nodes to the shallowest depths."""
+    depth = min(shape.num_steps, shape.num_draft_tokens - 1)
+    counts = [1] * depth
+    extra = shape.num_draft_tokens - 1 - depth
+    for d in range(depth):
+        add = min(extra, shape.topk - 1)
+        counts[d] += add
+        extra -= add
+    return tuple(counts)
+
+
+def depth_accept_probs(profile: SimProfile, shape: DraftShape, temperature: float) -> tuple[float, ...]:
+    """Chance that each depth is accepted given the one before it was (see the module docstring)."""
+    heat = 1.0 - profile.temperature_penalty * min(max(temperature, 0.0), 1.0)
+    probs = []
+    for d, candidates in enumerate(depth_candidates(shape)):
+        p = profile.accept_first * profile.accept_decay**d * heat
+        probs.append(1.0 - (1.0 - p) ** (1.0 + profile.topk_gain * (candidates - 1)))
+    return tuple(probs)
+
+
+def accepted_drafts_distribution(probs: tuple[float, ...]) -> tuple[float, ...]:
+    """P(a verify step accepts exactly j drafts), j = 0..len(probs)."""
+    dist = []
+    reach = 1.0
+    for q in probs:
+        dist.append(reach * (1.0 - q))
+        reach *= q
+    dist.append(reach)
+    return tuple(dist)
+
+
+def sample_accepted_drafts(probs: tuple[float, ...], rng: random.Random) -> int:
+    """Drafts one verify step accepts: the accepted prefix of the tree's depths."""
+    accepted = 0
+    for q in probs:
+        if rng.random() >= q:
+            break
+        accepted += 1
+    return accepted
+
+
+def expected_accept_length(probs: tuple[float, ...]) -> float:
+    """Tokens per verify step, bonus token included: 1 + sum over depths of P(prefix accepted)."""
+    dist = accepted_drafts_distribution(probs)
+    return sum((j + 1) * pj for j, pj in enumerate(dist))
+
+
+@lru_cache(maxsize=4096)
+def expected_verify_steps(probs: tuple[float, ...], tokens: int) -> float:
+    """Expected verify steps to produce ``tokens`` tokens, the last step truncated at the limit."""
+    dist = accepted_drafts_distribution(probs)
+    steps = [0.0] * (tokens + 1)
+    for remaining in range(1, tokens + 1):
+        steps[remaining] = 1.0 + sum(pj * steps[max(remaining - j - 1, 0)] for j, pj in enumerate(dist))
+    return steps[tokens]
+
+
+def decode_step_seconds(profile: SimProfile, shape: DraftShape | None, batch: int) -> float:
+    """One decode iteration for ``batch`` running requests."""
+    if shape is None:
+        return profile.overhead_s + profile.target_fixed_s + profile.target_per_token_s * batch
+    draft_pass = profile.draft_fixed_s + profile.draft_per_token_s * batch * shape.topk
+    verify = profile.target_fixed_s + profile.target_per_token_s * batch * shape.num_draft_tokens
+    return profile.overhead_s + (shape.num_steps + 1) * draft_pass + verify
+
+
+def prefill_seconds(profile: SimProfile, prompt_tokens: int) -> float:
+    """One prefill iteration over ``prompt_tokens`` tokens (all requests admitted together)."""
+    return profile.prefill_fixed_s + profile.prefill_per_token_s * prompt_tokens
+
+
+def ground_truth(profile: SimProfile, spec: SpecParams, load: Load) -> GroundTruth:
+    """Expected acceptance, per-token latency and throughput of an effective config under a load.
+
+    Steady closed loop with ``batch = min(concurrency, max_running_requests)`` requests decoding: each
+    request's decode span holds its own verify steps plus the prefills of the other ``batch - 1`` slots
+    that restart meanwhile, solved as a fixed point (span = steps x step + restarts x prefill).
+    """
+    shape = DraftShape.from_spec(spec)
+    max_running = spec.max_running_requests or load.concurrency
+    batch = max(1, min(load.concurrency, max_running))
+    decode_tokens = max(load.output_len - 1, 0)
+    if shape is None:
+        accept, steps = 1.0, float(decode_tokens)
+    else:
+        probs = depth_accept_probs(profile, shape, load.temperature)
+        accept, steps = expected_accept_length(probs), expected_verify_steps(probs, decode_tokens)
+    step_s = decode_step_seconds(profile, shape, batch)
+    prefill_s = prefill_seconds(profile, load.input_len)
+    span = steps * step_s
+    for _ in range(100):
+        restarts = (batch - 1) * span / (span + prefill_s) if span > 0 else 0.0
+        span = steps * step_s + restarts * prefill_s
+    queue_wait = max(load.concurrency - batch, 0) / batch * (span + prefill_s)
+    ttft = prefill_s + step_s / 2 + queue_wait
+    latency = ttft + span
+    return GroundTruth(
+        accept_length=accept,
+        reported_accept_length=load.output_len / steps if steps else math.nan,
+        verify_steps=steps,
+        decode_step_s=step_s,
+        batch=batch,
+        tpot_s=span / decode_tokens if decode_tokens else math.nan,
+        ttft_s=ttft,
+        request_latency_s=latency,
+        output_throughput=batch * load.output_len / (span + prefill_s),
+    )

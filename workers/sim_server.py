@@ -1,0 +1,917 @@
+"""Simulated SGLang 0.5.23 server: the engine behind the demo and the tests (no GPU needed).
+
+Starts exactly like SGLang: ``python -m workers.sim_server <the arguments of python -m sglang.launch_server>``.
+The launch command is parsed and resolved by ``workers.sglang`` (unknown flag: SGLang's usage text, exit
+2; a resolution error SGLang raises: its traceback, exit 1); the effective config (num-draft-tokens
+rewritten under topk 1, max_running_requests 48, architecture defaults) is what it serves and reports in
+``/server_info``. Speed and acceptance come from ``workers.sim_model`` run in real time by
+``workers.sim_engine``; every endpoint path and field name comes from ``workers.sglang.api``.
+
+Knobs SGLang does not have are environment variables (``workers.sim_settings``; docs/sim_server.md):
+``SPECSWEEP_SIM_PROFILE``, ``SPECSWEEP_SIM_TIME_SCALE``, ``SPECSWEEP_SIM_SEED``,
+``SPECSWEEP_SIM_LOAD_DELAY_S``, ``SPECSWEEP_SIM_FAULT`` (+ ``_AFTER``, ``_EVERY``), and SGLang's own
+``SGLANG_HEALTH_CHECK_TIMEOUT``.
+
+Every streamed chunk carries two extra fields real clients ignore (in ``meta_info`` on ``/generate``, at
+the top level on the OpenAI routes): ``sim_scheduled_ns``, the deadline of the iteration that produced it,
+and ``sim_send_ns``, when the server wrote it, both on ``time.perf_counter_ns()``'s clock (shared by all
+processes of the machine), so a benchmark can split delay into server lateness and client overhead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from specsweep.errors import SpecsweepError
+from workers.sglang import SGLANG_VERSION, ArgvError, SpecParams, api, builtin_resolve, parse_launch_args
+from workers.sglang.rules import Resolution, read_model_config
+from workers.sim_engine import EOS_TOKEN_ID, TOKEN_WORDS, Progress, SimEngine, SimRequest
+from workers.sim_faults import READY_LINE, STARTUP_TRACEBACKS, die_like_sglang, log_line
+from workers.sim_metrics import SimMetrics
+from workers.sim_model import DraftShape
+from workers.sim_settings import FaultMode, SimSettings, SimSettingsError, settings_from_env
+
+logger = logging.getLogger(__name__)
+
+META_SIM_SEND_NS = "sim_send_ns"
+META_SIM_SCHEDULED_NS = "sim_scheduled_ns"
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI completions default, as SGLang's CompletionRequest
+_SSE_DONE = api.SSE_DATA_PREFIX + api.SSE_DONE + b"\n\n"
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+# How SGLang 0.5.23 reacts to each rule finding of workers.sglang: codes SGLang itself refuses while
+# resolving (the exception line it prints, exit 1) and codes it accepts but dies on while loading.
+# Findings not listed are the project's stricter rules: SGLang runs those launches, and so do we.
+_RESOLVE_EXCEPTIONS = {
+    "unknown_algorithm": "ValueError: Unknown speculative algorithm name: {algorithm}",
+    "nonpositive": "AssertionError",
+    "backend_needs_chain": "ValueError: trtllm_mha backend only supports topk = 1 for speculative decoding.",
+    "backend_page_tree": "ValueError: speculative_eagle_topk > 1 with page_size > 1 is unstable and "
+    "produces incorrect results for paged attention backends. This combination is only supported for "
+    "the 'flashinfer', 'fa3' and 'triton' backends.",
+    "backend_no_spec": "ValueError: Speculative decoding is not supported with flex attention backend.",
+    "rejection_sampling": "ValueError: {message}",
+}
+_LOAD_CRASH_CODES = ("eagle3_without_draft", "missing_draft", "draft_architecture", "draft_vocab_mismatch")
+
+
+class LaunchRefused(SpecsweepError):
+    """SGLang would stop on this launch before serving; ``text`` is what it prints."""
+
+    def __init__(self, text: str, *, exit_code: int) -> None:
+        super().__init__(text.strip().splitlines()[-1])
+        self.text = text
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """What the simulated server runs: the resolved launch plus what it reports about the model."""
+
+    resolved_args: dict[str, Any]  # every flag, speculative ones as resolved: /server_info's body
+    spec: SpecParams
+    shape: DraftShape | None
+    drafts_always_rejected: bool  # EAGLE with an EAGLE3 draft: SGLang runs it, acceptance is exactly 1
+    load_crash: str | None  # the traceback SGLang dies with while loading, if this launch cannot load
+    model_path: str
+    served_model_name: str
+    target_config: dict[str, Any]
+
+    @property
+    def context_length(self) -> int:
+        given = self.resolved_args.get("context_length")
+        return int(given or self.target_config.get("max_position_embeddings") or 131072)
+
+
+def _resolution_traceback(exception_line: str) -> str:
+    """The uncaught-exception text SGLang's launch_server prints when resolution raises."""
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '  File "<frozen runpy>", line 88, in _run_code\n'
+        '  File "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py", line 83, in <module>\n'
+        "    server_args = prepare_server_args(sys.argv[1:])\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/server_args.py", line 412, '
+        "in prepare_server_args\n    server_args.resolve_once()\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/arg_groups/speculative_hook.py", '
+        "line 188, in resolve_speculative\n"
+        f"{exception_line}\n"
+    )
+
+
+def _refusal(res: Resolution) -> LaunchRefused | None:
+    """The resolution error SGLang itself raises for this launch, if any."""
+    for finding in res.errors:
+        if finding.code == "incomplete_triple":
+            requested = res.launch
+            if requested.get(api.SPEC_NUM_STEPS) is None:
+                line = "AssertionError"
+            elif requested.get(api.SPEC_EAGLE_TOPK) is None:
+                line = "TypeError: '>' not supported between instances of 'NoneType' and 'int'"
+            else:
+                continue  # topk > 1 without draft tokens: SGLang resolves it (and fails later)
+            return LaunchRefused(_resolution_traceback(line), exit_code=1)
+        template = _RESOLVE_EXCEPTIONS.get(finding.code)
+        if template is not None:
+            line = template.format(algorithm=res.launch.get(api.SPEC_ALGORITHM), message=finding.message)
+            return LaunchRefused(_resolution_traceback(line), exit_code=1)
+    return None
+
+
+def _load_crash(res: Resolution) -> str | None:
+    for finding in res.errors:
+        if finding.code in _LOAD_CRASH_CODES or finding.code == "incomplete_triple":
+            return (
+                "Traceback (most recent call last):\n"
+                '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", '
+                "line 6367, in run_scheduler_process\n    scheduler = Scheduler(server_args, port_args)\n"
+                f"RuntimeError: {finding.message}\n"
+            )
+    return None
+
+
+def resolve_launch(argv: Sequence[str]) -> ServedConfig:
+    """Parse and resolve a launch command as SGLang 0.5.23 would; raises ArgvError or LaunchRefused."""
+    launch = parse_launch_args(list(argv))
+    res = builtin_resolve(launch)
+    refusal = _refusal(res)
+    if refusal is not None:
+        raise refusal
+    spec = (
+        res.effective
+        if res.effective.speculative_algorithm
+        else SpecParams(max_running_requests=launch.get(api.MAX_RUNNING_REQUESTS))
+    )
+    resolved = dict(launch.values)
+    resolved.update(spec.as_dict())
+    if spec.speculative_algorithm:
+        resolved[api.SPEC_DRAFT_MODEL_PATH] = res.draft_path
+    model_path = str(launch.get("model_path"))
+    return ServedConfig(
+        resolved_args=resolved,
+        spec=spec,
+        shape=DraftShape.from_spec(spec),
+        drafts_always_rejected=any(f.code == "eagle3_draft_with_eagle" for f in res.errors),
+        load_crash=_load_crash(res),
+        model_path=model_path,
+        served_model_name=launch.get("served_model_name") or model_path,
+        target_config=read_model_config(model_path) or {},
+    )
+
+
+# --- request parsing ------------------------------------------------------------------------------------
+class BadRequest(Exception):
+    """A request body SGLang answers with HTTP 400."""
+
+
+def _count_prompt_tokens(prompt: Any) -> tuple[int, bytes]:
+    """Prompt length in simulator tokens (words, or given ids) and the bytes that seed its draws."""
+    if isinstance(prompt, str):
+        return len(prompt.split()), prompt.encode()
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return len(prompt), orjson.dumps(prompt)
+    if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):  # chat messages
+        text = " ".join(str(m.get("content") or "") for m in prompt)
+        return len(text.split()) + 4 * len(prompt), orjson.dumps(prompt)
+    raise BadRequest("prompt must be a string, a list of token ids, or a list of chat messages")
+
+
+def _as_stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise BadRequest("stop must be a string or a list of strings")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """The sampling parameters the simulator honours."""
+
+    max_new_tokens: int
+    temperature: float
+    ignore_eos: bool
+    stop: tuple[str, ...]
+
+    @classmethod
+    def parse(
+        cls, raw: Mapping[str, Any], *, default_max: int, max_key: str = "max_new_tokens"
+    ) -> GenerationParams:
+        max_new = raw.get(max_key)
+        temperature = raw.get("temperature")
+        try:
+            return cls(
+                max_new_tokens=default_max if max_new is None else int(max_new),
+                temperature=1.0 if temperature is None else float(temperature),
+                ignore_eos=bool(raw.get("ignore_eos", False)),
+                stop=_as_stop(raw.get("stop")),
+            )
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"invalid sampling parameters: {exc}") from exc
+
+
+# --- the app --------------------------------------------------------------------------------------------
+class SimServer:
+    """The HTTP front of one simulated server; ``app`` is its aiohttp application."""
+
+    def __init__(self, config: ServedConfig, settings: SimSettings) -> None:
+        self.config = config
+        self.settings = settings
+        self.loaded = False
+        self.metrics = SimMetrics(config.served_model_name, config.spec)
+        self.engine: SimEngine | None = None
+        self._engine_task: asyncio.Task[None] | None = None
+        self._loader: asyncio.Task[None] | None = None
+        self._startup_time = time.time()
+        self._http_requests = itertools.count(1)
+        self.app = web.Application(client_max_size=64 * 1024**2)
+        self.app.on_startup.append(self._start)
+        self.app.on_cleanup.append(self._stop)
+        self._add_routes()
+
+    def _add_routes(self) -> None:
+        r = self.app.router
+        r.add_get(api.HEALTH, self.health)
+        r.add_get(api.HEALTH_GENERATE, self.health)
+        r.add_get(api.READY, self.ready)
+        r.add_get(api.MODEL_INFO, self.model_info)
+        r.add_get(api.MODEL_INFO_OLD, self.model_info)
+        r.add_get(api.SERVER_INFO, self.server_info)
+        r.add_get(api.SERVER_INFO_OLD, self.server_info)
+        r.add_route("*", api.FLUSH_CACHE, self.flush_cache)
+        r.add_get(api.MODELS, self.models)
+        r.add_route("POST", api.GENERATE, self.generate)
+        r.add_route("PUT", api.GENERATE, self.generate)
+        r.add_post(api.COMPLETIONS, self.completions)
+        r.add_post(api.CHAT_COMPLETIONS, self.chat_completions)
+        if self.config.resolved_args.get("enable_metrics"):
+            r.add_get(api.METRICS, self.prometheus)
+
+    async def _start(self, app: web.Application) -> None:
+        shape = self.config.shape
+        self.engine = SimEngine(
+            self.settings,
+            shape,
+            self.config.spec.max_running_requests,
+            on_finish=self.metrics.observe_finished,
+            drafts_always_rejected=self.config.drafts_always_rejected,
+        )
+        self._engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
+
+    def begin_loading(self) -> None:
+        """Start the (simulated) weight loading; called once the port listens."""
+        self._loader = asyncio.create_task(self._load(), name="sim-load")
+
+    async def _stop(self, app: web.Application) -> None:
+        for task in (self._engine_task, self._loader):
+            if task is not None:
+                task.cancel()
+
+    async def _load(self) -> None:
+        """Weight loading: the load delay, then SGLang's ready line (never, under hang_before_ready)."""
+        logger.info(log_line("Load weight begin. avail mem=139.12 GB", rank="TP0"))
+        await asyncio.sleep(self.settings.load_delay_s)
+        if self.settings.fault is FaultMode.HANG_BEFORE_READY:
+            logger.info(
+                log_line("Capture cuda graph begin. This can take up to several minutes.", rank="TP0")
+            )
+            return
+        logger.info(log_line("Load weight end. type=DeepseekV3ForCausalLM, mem usage=119.47 GB.", rank="TP0"))
+        self.loaded = True
+        logger.info(log_line(READY_LINE))
+
+    # --- health and info --------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        """503 while starting; else 200 once the scheduler produces output (SGLang's 1-token probe)."""
+        if not self.loaded:
+            return web.Response(status=503)
+        engine = self._engine()
+        tic = time.perf_counter_ns()
+        probe = engine.new_request(
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            prompt_key=b"\x00",
+            prompt_tokens=1,
+            max_new_tokens=1,
+            temperature=0.0,
+            ignore_eos=True,
+            stop=(),
+            health_check=True,
+        )
+        engine.submit(probe)
+        if await engine.wait_for_output_after(tic, self.settings.health_timeout_s):
+            return web.Response(status=200)
+        engine.abort(probe)
+        logger.error(
+            "Health check failed. Server couldn't get a response from detokenizer for last %s seconds.",
+            self.settings.health_timeout_s,
+        )
+        return web.Response(status=503)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.loaded else 503)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        cfg = self.config
+        return _json_response(
+            {
+                "model_path": cfg.model_path,
+                "served_model_name": cfg.served_model_name,
+                "tokenizer_path": cfg.resolved_args.get("tokenizer_path") or cfg.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": cfg.resolved_args.get("load_format"),
+                "reasoning_parser": cfg.resolved_args.get("reasoning_parser"),
+                "tool_call_parser": cfg.resolved_args.get("tool_call_parser"),
+                "disaggregation_mode": cfg.resolved_args.get("disaggregation_mode"),
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": cfg.target_config.get("model_type"),
+                "architectures": cfg.target_config.get("architectures"),
+            }
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        engine = self._engine()
+        state: dict[str, Any] = {
+            "last_gen_throughput": self.metrics.last_gen_throughput,
+            "memory_usage": {"weight": 119.47, "kvcache": 12.5, "graph": 1.2},
+        }
+        if self.config.shape is not None:
+            average = engine.counters.average_accept_length()
+            if average is not None:
+                state[api.AVG_SPEC_ACCEPT_LENGTH] = average
+        body = {
+            **self.config.resolved_args,
+            "startup_time": self._startup_time,
+            api.SERVER_INFO_INTERNAL_STATES: [state],
+            api.SERVER_INFO_VERSION: SGLANG_VERSION,
+            "frontend": "python",
+            "simulator": {
+                "profile": self.settings.profile.model_dump(),
+                "time_scale": self.settings.time_scale,
+                "seed": self.settings.seed,
+            },
+        }
+        return _json_response(body)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self._engine().flush_cache():
+            return web.Response(
+                text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                "waiting requests, the operation will not be performed.)\n"
+            )
+        return web.Response(status=400, text="Flush cache failed.\n")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return _json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.config.served_model_name,
+                        "object": "model",
+                        "created": int(self._startup_time),
+                        "owned_by": "sglang",
+                        "root": self.config.model_path,
+                        "parent": None,
+                        "max_model_len": self.config.context_length,
+                    }
+                ],
+            }
+        )
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        text = self.metrics.render(self._engine())
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    # --- generation -------------------------------------------------------------------------------------
+    def _engine(self) -> SimEngine:
+        assert self.engine is not None, "engine starts with the app"
+        return self.engine
+
+    def _fault_answer(self) -> web.Response | None:
+        """HTTP 500 for every N-th generation request under the http_500 fault."""
+        if self.settings.fault is not FaultMode.HTTP_500:
+            return None
+        if next(self._http_requests) % self.settings.fault_every:
+            return None
+        logger.error("simulated fault: internal server error")
+        return _error_response("Internal server error (simulated fault)", "InternalServerError", 500)
+
+    async def _read_json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    def _admit(self, prompt: Any, params: GenerationParams, rid: str | None) -> SimRequest:
+        prompt_tokens, key = _count_prompt_tokens(prompt)
+        if prompt_tokens + params.max_new_tokens > self.config.context_length:
+            raise BadRequest(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.config.context_length} tokens. You requested a total of "
+                f"{prompt_tokens + params.max_new_tokens} tokens: {prompt_tokens} tokens from the input "
+                f"messages and {params.max_new_tokens} tokens for the completion. Please reduce the number "
+                "of tokens in the input messages or the completion to fit within the limit."
+            )
+        engine = self._engine()
+        sim_request = engine.new_request(
+            rid=rid or uuid.uuid4().hex,
+            prompt_key=key,
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            ignore_eos=params.ignore_eos,
+            stop=params.stop,
+        )
+        engine.submit(sim_request)
+        return sim_request
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        if (fault := self._fault_answer()) is not None:
+            return fault
+        try:
+            body = await self._read_json(request)
+            prompt = body.get("input_ids") if body.get("input_ids") is not None else body.get("text")
+            if prompt is None:
+                raise BadRequest("Either text or input_ids should be provided.")
+            params = GenerationParams.parse(
+                body.get("sampling_params") or {}, default_max=DEFAULT_MAX_NEW_TOKENS
+            )
+            sim_request = self._admit(prompt, params, body.get("rid"))
+        except BadRequest as exc:
+            return _error_response(str(exc), "BadRequestError", 400)
+        stream = bool(body.get("stream"))
+        incremental = bool(self.config.resolved_args.get("incremental_streaming_output"))
+        if not stream:
+            progress = await self._until_finished(sim_request)
+            return _json_response(
+                self._generate_chunk(sim_request, progress, incremental=False, sent_tokens=0)
+            )
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        sent = 0
+        try:
+            while True:
+                progress = await sim_request.updates.get()
+                chunk = self._generate_chunk(sim_request, progress, incremental=incremental, sent_tokens=sent)
+                sent = progress.completion_tokens
+                chunk["meta_info"][META_SIM_SEND_NS] = time.perf_counter_ns()
+                await response.write(api.SSE_DATA_PREFIX + orjson.dumps(chunk) + b"\n\n")
+                if progress.finish_reason is not None:
+                    break
+            await response.write(_SSE_DONE)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self._engine().abort(sim_request)
+            raise
+        return response
+
+    async def _until_finished(self, sim_request: SimRequest) -> Progress:
+        while True:
+            progress = await sim_request.updates.get()
+            if progress.finish_reason is not None:
+                return progress
+
+    def _generate_chunk(
+        self, req: SimRequest, progress: Progress, *, incremental: bool, sent_tokens: int
+    ) -> dict[str, Any]:
+        n = progress.completion_tokens
+        meta = self._meta_info(req, progress)
+        if incremental:
+            text = "".join(_token_texts(req.output_ids[sent_tokens:n]))
+            return {"text": text, "output_ids": req.output_ids[sent_tokens:n], "meta_info": meta}
+        return {"text": progress.text, "output_ids": req.output_ids[:n], "meta_info": meta}
+
+    def _meta_info(self, req: SimRequest, progress: Progress) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            api.META_ID: req.rid,
+            api.META_FINISH_REASON: progress.finish_reason,
+            api.META_PROMPT_TOKENS: req.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            api.META_COMPLETION_TOKENS: progress.completion_tokens,
+            api.META_CACHED_TOKENS: 0,
+        }
+        if progress.finish_reason is not None:
+            meta[api.META_E2E_LATENCY] = (time.perf_counter_ns() - req.received_ns) / 1e9
+            meta.update(self._spec_details(req, progress))
+        meta[META_SIM_SCHEDULED_NS] = progress.scheduled_ns
+        return meta
+
+    def _spec_details(self, req: SimRequest, progress: Progress) -> dict[str, Any]:
+        """SGLang's per-request speculative fields (final chunk only, and only after a verify step)."""
+        shape = self.config.shape
+        if shape is None or req.verify_ct == 0:
+            return {}
+        proposed = req.verify_ct * (shape.num_draft_tokens - 1)
+        return {
+            api.SPEC_ACCEPT_RATE: req.correct_drafts / proposed,
+            api.SPEC_ACCEPT_LENGTH: progress.completion_tokens / req.verify_ct,
+            api.SPEC_NUM_CORRECT_DRAFTS: req.correct_drafts,
+            api.SPEC_NUM_PROPOSED_DRAFTS: proposed,
+            api.SPEC_VERIFY_CT: req.verify_ct,
+            api.SPEC_CORRECT_DRAFTS_HISTOGRAM: list(req.histogram),
+        }
+
+    # --- OpenAI routes ----------------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        if (fault := self._fault_answer()) is not None:
+            return fault
+        try:
+            body = await self._read_json(request)
+            prompt = body.get("messages") if chat else body.get("prompt")
+            if prompt is None:
+                raise BadRequest("messages is required" if chat else "prompt is required")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            max_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") else "max_tokens"
+            default_max = self.config.context_length // 2 if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+            params = GenerationParams.parse(body, default_max=default_max, max_key=max_key)
+            sim_request = self._admit(prompt, params, None)
+        except BadRequest as exc:
+            return _error_response(str(exc), "BadRequestError", 400)
+        stream_form = _OpenAIForm(
+            chat=chat,
+            model=str(body.get("model") or self.config.served_model_name),
+            rid=sim_request.rid,
+            details=bool(body.get(api.RETURN_SPEC_TOKENS_DETAILS)),
+        )
+        if not body.get("stream"):
+            progress = await self._until_finished(sim_request)
+            return _json_response(
+                stream_form.full_response(progress, sim_request, self._spec_details(sim_request, progress))
+            )
+        options = body.get("stream_options") or {}
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        try:
+            if chat:
+                await _write_event(response, stream_form.role_chunk())
+            sent_chars = 0
+            while True:
+                progress = await sim_request.updates.get()
+                usage = _usage(sim_request, progress) if options.get("continuous_usage_stats") else None
+                chunk = stream_form.delta_chunk(progress.text[sent_chars:], usage)
+                sent_chars = len(progress.text)
+                chunk[META_SIM_SCHEDULED_NS] = progress.scheduled_ns
+                await _write_event(response, chunk)
+                if progress.finish_reason is not None:
+                    break
+            await _write_event(response, stream_form.finish_chunk(progress.finish_reason))
+            details = self._spec_details(sim_request, progress)
+            if stream_form.details and details:
+                await _write_event(response, stream_form.sglext_chunk(details))
+            if options.get("include_usage"):
+                await _write_event(response, stream_form.usage_chunk(_usage(sim_request, progress)))
+            await response.write(_SSE_DONE)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self._engine().abort(sim_request)
+            raise
+        return response
+
+
+@dataclass(frozen=True)
+class _OpenAIForm:
+    """Builds the OpenAI-shaped objects (chat or text completion) SGLang's serving layer emits."""
+
+    chat: bool
+    model: str
+    rid: str
+    details: bool
+
+    def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {
+            "id": self.rid,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def role_chunk(self) -> dict[str, Any]:
+        delta = {"reasoning_content": None, "role": "assistant", "content": ""}
+        return self._envelope([_stream_choice(delta=delta)])
+
+    def delta_chunk(self, text: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        extra = {"usage": usage} if usage else {}
+        if self.chat:
+            return self._envelope(
+                [_stream_choice(delta={"reasoning_content": None, "content": text})], **extra
+            )
+        return self._envelope([_stream_choice(text=text)], **extra)
+
+    def finish_chunk(self, finish_reason: dict[str, Any] | None) -> dict[str, Any]:
+        kind, matched = _finish(finish_reason)
+        if self.chat:
+            return self._envelope(
+                [_stream_choice(delta={"reasoning_content": None}, finish=kind, matched=matched)]
+            )
+        return self._envelope([_stream_choice(text="", finish=kind, matched=matched)])
+
+    def sglext_chunk(self, details: dict[str, Any]) -> dict[str, Any]:
+        return self._envelope([], usage=None, **{api.SGLEXT: _sglext(details)})
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return self._envelope([], usage=usage)
+
+    def full_response(self, progress: Progress, req: SimRequest, details: dict[str, Any]) -> dict[str, Any]:
+        kind, matched = _finish(progress.finish_reason)
+        if self.chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": progress.text, "reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": kind,
+                "matched_stop": matched,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": progress.text,
+                "logprobs": None,
+                "finish_reason": kind,
+                "matched_stop": matched,
+            }
+        body = self._envelope([choice], usage=_usage(req, progress), metadata=None)
+        body["object"] = "chat.completion" if self.chat else "text_completion"
+        if self.details and details:
+            body[api.SGLEXT] = _sglext(details)
+        return body
+
+
+def _stream_choice(
+    *,
+    delta: dict[str, Any] | None = None,
+    text: str | None = None,
+    finish: str | None = None,
+    matched: Any = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0}
+    if delta is not None:
+        choice["delta"] = delta
+    if text is not None:
+        choice["text"] = text
+    choice.update({"logprobs": None, "finish_reason": finish, "matched_stop": matched})
+    return choice
+
+
+def _finish(finish_reason: dict[str, Any] | None) -> tuple[str | None, Any]:
+    if finish_reason is None:
+        return None, None
+    return finish_reason["type"], finish_reason.get("matched")
+
+
+def _usage(req: SimRequest, progress: Progress) -> dict[str, Any]:
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "total_tokens": req.prompt_tokens + progress.completion_tokens,
+        "completion_tokens": progress.completion_tokens,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
+
+
+def _sglext(details: dict[str, Any]) -> dict[str, Any]:
+    spec = {
+        "spec_accept_rate": details[api.SPEC_ACCEPT_RATE],
+        "spec_accept_length": details[api.SPEC_ACCEPT_LENGTH],
+        "spec_cap_length": 0.0,
+        "spec_block_accept_length": 0.0,
+        "spec_num_correct_drafts": details[api.SPEC_NUM_CORRECT_DRAFTS],
+        "spec_num_proposed_drafts": details[api.SPEC_NUM_PROPOSED_DRAFTS],
+        "spec_verify_ct": details[api.SPEC_VERIFY_CT],
+        "spec_correct_drafts_histogram": details[api.SPEC_CORRECT_DRAFTS_HISTOGRAM],
+        "spec_cap_lens_histogram": [],
+    }
+    return {
+        "routed_experts": None,
+        "cached_tokens_details": None,
+        api.SPEC_TOKENS_DETAILS: spec,
+        "input_ids": None,
+        "output_ids": None,
+    }
+
+
+def _token_texts(ids: list[int]) -> Iterator[str]:
+    for token in ids:
+        if token != EOS_TOKEN_ID:
+            yield " " + TOKEN_WORDS[token]
+
+
+async def _write_event(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
+    chunk[META_SIM_SEND_NS] = time.perf_counter_ns()
+    await response.write(api.SSE_DATA_PREFIX + orjson.dumps(chunk) + b"\n\n")
+
+
+def _json_response(body: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error_response(message: str, kind: str, status: int) -> web.Response:
+    return _json_response(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status
+    )
+
+
+# --- process entry --------------------------------------------------------------------------------------
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="%(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def _serve(server: SimServer, host: str, port: int) -> None:
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    logger.info("INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
+    server.begin_loading()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m workers.sim_server <sglang launch_server args>``; returns SGLang's exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config = resolve_launch(argv)
+    except ArgvError as err:
+        sys.stderr.write(err.usage_text())
+        return 2
+    except LaunchRefused as refused:
+        sys.stderr.write(refused.text)
+        return refused.exit_code
+    try:
+        settings = settings_from_env()
+    except SimSettingsError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    _configure_logging(config.resolved_args.get("log_level") or "info")
+    logger.info(log_line(f"server_args={config.resolved_args}"))
+    startup_crash = STARTUP_TRACEBACKS.get(settings.fault) or config.load_crash
+    if startup_crash is not None:
+        time.sleep(settings.load_delay_s)
+        die_like_sglang(startup_crash, starting=True)
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    host = str(config.resolved_args.get("host") or "127.0.0.1")
+    port = int(config.resolved_args.get("port") or 30000)
+    asyncio.run(_serve(SimServer(config, settings), host, port))
+    return 0
+
+
+# --- starting it from Python (tests, demo, other modules) -----------------------------------------------
+class SimServerStartError(SpecsweepError):
+    """The simulated server exited or never became healthy."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class SimServerHandle:
+    """A running simulated server process (its own process group) and where to reach it."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    port: int
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Poll /health until 200; raise with the log tail if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SimServerStartError(
+                    f"simulated server exited with {self.process.returncode}:\n{self.log_text()[-3000:]}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + api.HEALTH, timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        raise SimServerStartError(
+            f"simulated server not healthy after {timeout_s} s:\n{self.log_text()[-3000:]}"
+        )
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it if it lingers."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def start_sim_server(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    wait_healthy: bool = True,
+    timeout_s: float = 30.0,
+    log_path: Path | None = None,
+) -> Iterator[SimServerHandle]:
+    """Run ``python -m workers.sim_server args`` on a free 127.0.0.1 port; kill its group on exit.
+
+    ``env`` is added to this process's environment (the SPECSWEEP_SIM_* knobs). The server's stdout and
+    stderr go to ``log_path`` (a temporary file by default).
+    """
+    args = list(args)
+    port = free_port()
+    if "--port" not in args:
+        args += ["--port", str(port)]
+    else:
+        port = int(args[args.index("--port") + 1])
+    if "--host" not in args:
+        args += ["--host", "127.0.0.1"]
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="sim-server-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+    full_env = {**os.environ, **(env or {})}
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, full_env.get("PYTHONPATH")) if p)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "workers.sim_server", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
+    handle = SimServerHandle(process=process, url=f"http://127.0.0.1:{port}", port=port, log_path=log_path)
+    try:
+        if wait_healthy:
+            handle.wait_healthy(timeout_s)
+        yield handle
+    finally:
+        handle.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

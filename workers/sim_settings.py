@@ -1,0 +1,143 @@
+"""The simulated server's own knobs, read from environment variables (never from new CLI flags).
+
+A real SGLang command line must run unchanged under ``python -m workers.sim_server``, so everything SGLang
+does not have comes from the environment:
+
+==============================  ==========================================================================
+``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim_model.SimProfile`` fields);
+                                fields left out keep the default profile's values.
+``SPECSWEEP_SIM_TIME_SCALE``    real seconds per simulated second (``0.1`` runs 10x faster). Default 1.
+``SPECSWEEP_SIM_SEED``          base seed of the per-request acceptance draws. Default 0.
+``SPECSWEEP_SIM_LOAD_DELAY_S``  real seconds of "weight loading" before the server is ready. Default 0.
+``SPECSWEEP_SIM_FAULT``         one fault mode (see ``FaultMode``). Default: none.
+``SPECSWEEP_SIM_FAULT_AFTER``   for ``crash_after`` / ``hang_mid_stream``: requests served normally first.
+``SPECSWEEP_SIM_FAULT_EVERY``   for ``http_500``: every N-th generation request fails with HTTP 500.
+==============================  ==========================================================================
+
+SGLang's own ``SGLANG_HEALTH_CHECK_TIMEOUT`` (seconds, default 20) is honoured by ``/health`` as in SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specsweep.errors import SpecsweepError
+from workers.sim_model import DEFAULT_PROFILE, SimProfile
+
+ENV_PROFILE = "SPECSWEEP_SIM_PROFILE"
+ENV_TIME_SCALE = "SPECSWEEP_SIM_TIME_SCALE"
+ENV_SEED = "SPECSWEEP_SIM_SEED"
+ENV_LOAD_DELAY_S = "SPECSWEEP_SIM_LOAD_DELAY_S"
+ENV_FAULT = "SPECSWEEP_SIM_FAULT"
+ENV_FAULT_AFTER = "SPECSWEEP_SIM_FAULT_AFTER"
+ENV_FAULT_EVERY = "SPECSWEEP_SIM_FAULT_EVERY"
+ENV_HEALTH_TIMEOUT = "SGLANG_HEALTH_CHECK_TIMEOUT"
+
+
+class SimSettingsError(SpecsweepError):
+    """A simulator environment variable or profile file that cannot be used."""
+
+
+class FaultMode(StrEnum):
+    """Failures the simulator can reproduce, each with SGLang's own log text and exit behaviour."""
+
+    NONE = "none"
+    OOM = "oom"  # CUDA out of memory while loading: scheduler traceback, then the server kills itself
+    NCCL = "nccl"  # NCCL error while initialising distributed: same path
+    ASSERT = "assert"  # bare AssertionError in the scheduler at startup: same path
+    CRASH_AFTER = "crash_after"  # CUDA illegal memory access once FAULT_AFTER requests were served
+    HANG_BEFORE_READY = "hang_before_ready"  # listens, but never finishes loading (/health stays 503)
+    HANG_MID_STREAM = "hang_mid_stream"  # the scheduler stalls halfway through request FAULT_AFTER + 1
+    HTTP_500 = "http_500"  # every FAULT_EVERY-th generation request answers HTTP 500
+
+
+class SimSettings(BaseModel):
+    """Everything the simulator takes from outside SGLang's command line."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: SimProfile = Field(default=DEFAULT_PROFILE, description="Costs and acceptance model.")
+    time_scale: float = Field(default=1.0, gt=0, description="Real seconds per simulated second.")
+    seed: int = Field(default=0, description="Base seed of the per-request acceptance draws.")
+    load_delay_s: float = Field(default=0.0, ge=0, description="Real seconds before the server is ready.")
+    fault: FaultMode = Field(default=FaultMode.NONE, description="Injected failure, if any.")
+    fault_after: int = Field(default=0, ge=0, description="Requests served normally before the fault.")
+    fault_every: int = Field(default=2, ge=1, description="Period of HTTP 500 answers (http_500 mode).")
+    health_timeout_s: float = Field(default=20.0, gt=0, description="SGLang's /health generation timeout.")
+
+
+def load_profile(path: Path) -> SimProfile:
+    """A profile file (JSON, or YAML by suffix) over the default profile; names the bad field on error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SimSettingsError(
+            f"cannot read simulator profile: {exc.strerror}",
+            where=str(path),
+            fix=f"point {ENV_PROFILE} at a file",
+        ) from exc
+    try:
+        data = _parse_profile_text(text, yaml_syntax=path.suffix.lower() in (".yaml", ".yml"))
+    except ValueError as exc:
+        raise SimSettingsError(f"profile is not valid JSON/YAML: {exc}", where=str(path)) from exc
+    if not isinstance(data, dict):
+        raise SimSettingsError("profile must be a mapping of field: value", where=str(path))
+    try:
+        return SimProfile.model_validate({**DEFAULT_PROFILE.model_dump(), **data})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise SimSettingsError(
+            f"bad simulator profile: {problems}",
+            where=str(path),
+            fix=f"use the fields of workers.sim_model.SimProfile: {', '.join(SimProfile.model_fields)}",
+        ) from exc
+
+
+def _parse_profile_text(text: str, *, yaml_syntax: bool) -> object:
+    """JSON or YAML text to data; every syntax error comes out as ValueError."""
+    if not yaml_syntax:
+        return json.loads(text)
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
+    """Read the knobs from ``environ`` (default ``os.environ``); unset variables keep their defaults."""
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    if env.get(ENV_PROFILE):
+        values["profile"] = load_profile(Path(env[ENV_PROFILE]))
+    for name, key, convert in (
+        (ENV_TIME_SCALE, "time_scale", float),
+        (ENV_SEED, "seed", int),
+        (ENV_LOAD_DELAY_S, "load_delay_s", float),
+        (ENV_FAULT, "fault", FaultMode),
+        (ENV_FAULT_AFTER, "fault_after", int),
+        (ENV_FAULT_EVERY, "fault_every", int),
+        (ENV_HEALTH_TIMEOUT, "health_timeout_s", float),
+    ):
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[key] = convert(raw)
+        except ValueError as exc:
+            choices = f" (one of {', '.join(m.value for m in FaultMode)})" if convert is FaultMode else ""
+            raise SimSettingsError(f"{name}={raw!r} is not valid{choices}", where=name) from exc
+    try:
+        return SimSettings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+        raise SimSettingsError(
+            f"bad simulator settings: {problems}", fix="check the SPECSWEEP_SIM_* variables"
+        ) from exc
