@@ -74,5 +74,5 @@ def summarize_level(
 
 def _level_load(con: duckdb.DuckDBPyConnection) -> tuple[int | None, float | None]:
     """The level's target concurrency and rate, as its requests recorded them."""
-    row = con.execute("SELECT any_value(concurrency), any_value(rate_rps) FROM req").fetchone()
+    row = con.sql("SELECT any_value(concurrency), any_value(rate_rps) FROM req").fetchall()[0]
     return row[0], row[1]

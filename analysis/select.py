@@ -1,0 +1,466 @@
+"""Which config to deploy: per load level, the configs meeting every SLO, ranked, with how sure we are.
+
+For each load level: configs (jobs grouped by ``config_label``; repeats are the jobs sharing a
+label) whose median over repeats meets every SLO are ranked by the objective's median. Each gets a
+speedup over the no-speculation baseline at the same level with a bootstrap 95% interval, built by
+resampling requests with replacement within every run (repeat) of the config and of the baseline,
+taking the median over repeats in each replicate, and reading the 2.5th and 97.5th percentiles of
+the ratio. A config whose objective interval overlaps the winner's is marked a tie.
+
+Resampling, exactly and cheaply:
+
+- ``Rate`` objectives (sums over requests / duration): a resample is a multinomial draw of counts
+  over the run's per-request values. Values are grouped into at most ``RATE_BINS`` bins by value,
+  each represented by its mean, which keeps every replicate's expectation exact and loses only the
+  within-bin spread (a few tokens out of hundreds).
+- ``Quantile`` objectives: the k-th order statistic of a resample of n values is the empirical
+  quantile at U(k), the k-th order statistic of n uniforms ~ Beta(k, n + 1 - k); U(k+1) follows as
+  U(k) + (1 - U(k)) Beta(1, n - k). That gives ``quantile_cont``'s interpolated value per replicate
+  without drawing n values.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from analysis.layout import attempted_job_ids, committed_job_ids
+from analysis.metrics import METRICS_BY_NAME, Metric, Rate
+from analysis.slo import Slo, check_metric
+from specsweep.errors import ResultsError
+
+if TYPE_CHECKING:
+    import duckdb
+
+log = logging.getLogger(__name__)
+
+RATE_BINS = 64
+DEFAULT_REPLICATES = 1000
+DEFAULT_OBJECTIVE = "output_tok_s_per_gpu"
+
+# Level columns that SLOs may name: every scalar metric plus SGLang's own accept length.
+SLO_METRICS: tuple[str, ...] = (*METRICS_BY_NAME, "server_accept_length")
+OBJECTIVE_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS_BY_NAME.values() if m.can_be_objective)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A 95% bootstrap percentile interval."""
+
+    low: float
+    high: float
+
+    def overlaps(self, other: Interval) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+
+@dataclass(frozen=True)
+class RankedConfig:
+    """A config that meets every SLO at a level, with its objective and speedup."""
+
+    rank: int
+    config_label: str
+    is_baseline: bool
+    repeats: int
+    job_ids: tuple[str, ...]
+    objective: float
+    objective_mad: float | None  # median absolute deviation over repeats; null with one repeat
+    objective_ci: Interval | None
+    speedup: float | None  # vs the baseline at this level; null without a baseline
+    speedup_ci: Interval | None
+    tie: bool  # objective interval overlaps the winner's (the winner itself: False)
+    slo_values: dict[str, float | None]
+    launch_command: str | None
+    sglang_argv: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class ExcludedConfig:
+    """A config measured at a level that misses at least one SLO, and why."""
+
+    config_label: str
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LevelChoice:
+    """The ranking at one load level."""
+
+    load_level: str
+    baseline_label: str | None
+    baseline_objective: float | None
+    ranked: tuple[RankedConfig, ...]
+    excluded: tuple[ExcludedConfig, ...]
+
+    @property
+    def winner(self) -> RankedConfig | None:
+        return self.ranked[0] if self.ranked else None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Everything ``best`` reports: per level choices plus notes on what the data lacks."""
+
+    sweep_id: str
+    objective: str
+    objective_unit: str
+    better: str
+    slos: tuple[str, ...]
+    replicates: int
+    levels: tuple[LevelChoice, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One job's row at one level (a repeat of a config)."""
+
+    job_id: str
+    config_label: str
+    is_baseline: bool
+    values: dict[str, float | None]
+    duration_s: float
+    gpus: int
+    launch_command: str | None
+    sglang_argv: tuple[str, ...] | None
+
+
+def select_best(
+    con: duckdb.DuckDBPyConnection,
+    out: Path,
+    *,
+    objective: str = DEFAULT_OBJECTIVE,
+    slos: tuple[Slo, ...] = (),
+    at: str | None = None,
+    replicates: int = DEFAULT_REPLICATES,
+    seed: int = 0,
+    allow_partial: bool = False,
+) -> Selection:
+    """Rank configs per level; see the module docstring for the statistics."""
+    metric = _objective_metric(objective)
+    if replicates < 100:
+        raise ResultsError(f"--bootstrap {replicates} is too few for a 95% interval", fix="use at least 100")
+    notes = _completeness_notes(con, out, allow_partial=allow_partial)
+    sweep_id = _single_sweep(con)
+    runs_by_level = _load_runs(con, metric, slos)
+    if not runs_by_level:
+        raise ResultsError(
+            "no job finished with measured load levels (every committed job failed)",
+            where=str(out),
+            fix='see `specsweep sql OUT "SELECT config_label, error_class, error_message FROM jobs"`',
+        )
+    levels = _order_levels(con, list(runs_by_level))
+    if at is not None:
+        if at not in runs_by_level:
+            raise ResultsError(
+                f"load level {at!r} was not measured",
+                where="--at",
+                fix=f"use one of: {', '.join(levels)}",
+            )
+        levels = [at]
+    baselines = sorted({r.config_label for runs in runs_by_level.values() for r in runs if r.is_baseline})
+    if not baselines:
+        notes.append("no no-speculation baseline was measured: speedups are null")
+    elif len(baselines) > 1:
+        notes.append(f"several baseline configs {baselines}: speedups use {baselines[0]!r}")
+    baseline_label = baselines[0] if baselines else None
+    resampler = _Resampler(con, metric, replicates, seed)
+    choices = tuple(
+        _choose_level(level, runs_by_level[level], metric, slos, baseline_label, resampler, notes)
+        for level in levels
+    )
+    return Selection(
+        sweep_id=sweep_id,
+        objective=metric.name,
+        objective_unit=metric.unit,
+        better=metric.better or "higher",
+        slos=tuple(str(s) for s in slos),
+        replicates=replicates,
+        levels=choices,
+        notes=tuple(notes),
+    )
+
+
+def _objective_metric(name: str) -> Metric:
+    check_metric(name, SLO_METRICS, where="--objective")
+    metric = METRICS_BY_NAME.get(name)
+    if metric is None or not metric.can_be_objective:
+        raise ResultsError(
+            f"metric {name!r} cannot be an objective (it is not a rankable rate or percentile)",
+            where="--objective",
+            fix=f"use one of: {', '.join(OBJECTIVE_METRICS)} (it can still be an SLO)",
+        )
+    return metric
+
+
+def _completeness_notes(con: duckdb.DuckDBPyConnection, out: Path, *, allow_partial: bool) -> list[str]:
+    """What the results lack; a sweep with uncommitted jobs is refused unless allow_partial."""
+    notes: list[str] = []
+    uncommitted = sorted(attempted_job_ids(out) - committed_job_ids(out))
+    if uncommitted:
+        shown = ", ".join(uncommitted[:5]) + (" ..." if len(uncommitted) > 5 else "")
+        message = f"sweep is not finished: {len(uncommitted)} job(s) started but not committed ({shown})"
+        if not allow_partial:
+            raise ResultsError(
+                message,
+                where=str(out),
+                fix="wait for `specsweep run` to finish (or resume it), or pass --allow-partial "
+                "to rank only the committed jobs",
+            )
+        notes.append(message + "; ranking covers committed jobs only")
+    if con.sql("SELECT count(*) FROM sweep").fetchall()[0][0] == 0:
+        notes.append("no sweep row (OUT/sweep/...): spec and versions are unknown")
+    for label, error_class, error_message in con.sql(
+        "SELECT config_label, error_class, error_message FROM jobs WHERE status = 'failed' "
+        "ORDER BY config_label, repeat_index"
+    ).fetchall():
+        notes.append(f"config {label!r} failed ({error_class}: {error_message}): not ranked")
+    for (label,) in con.sql(
+        "SELECT config_label FROM jobs j WHERE status = 'done' AND NOT EXISTS "
+        "(SELECT 1 FROM levels l WHERE l.sweep_id = j.sweep_id AND l.job_id = j.job_id)"
+    ).fetchall():
+        notes.append(f"config {label!r} is done but has no levels rows: not ranked")
+    return notes
+
+
+def _single_sweep(con: duckdb.DuckDBPyConnection) -> str:
+    ids = [row[0] for row in con.sql("SELECT DISTINCT sweep_id FROM jobs ORDER BY 1").fetchall()]
+    if len(ids) > 1:
+        raise ResultsError(
+            f"holds {len(ids)} sweeps ({', '.join(ids)}); best ranks one sweep at a time",
+            fix="give each sweep its own output directory",
+        )
+    return ids[0]
+
+
+def _load_runs(
+    con: duckdb.DuckDBPyConnection, metric: Metric, slos: tuple[Slo, ...]
+) -> dict[str, list[_Run]]:
+    """Done jobs' level rows, keyed by load level."""
+    columns = sorted({metric.name, *(s.metric for s in slos)})
+    selected = ", ".join(f"r.{c}" for c in columns)
+    rows = con.sql(
+        f"SELECT r.load_level, r.job_id, r.config_label, r.effective_speculative_algorithm IS NULL, "
+        f"r.duration_s, r.gpus, r.launch_command, j.sglang_argv, {selected} "
+        "FROM results r JOIN jobs j USING (sweep_id, job_id) ORDER BY r.config_label, r.repeat_index"
+    ).fetchall()
+    runs: dict[str, list[_Run]] = {}
+    for level, job_id, label, baseline, duration_s, gpus, command, argv, *values in rows:
+        runs.setdefault(level, []).append(
+            _Run(
+                job_id=job_id,
+                config_label=label,
+                is_baseline=bool(baseline),
+                values=dict(zip(columns, values, strict=True)),
+                duration_s=duration_s,
+                gpus=gpus,
+                launch_command=command,
+                sglang_argv=tuple(argv) if argv is not None else None,
+            )
+        )
+    return runs
+
+
+def _order_levels(con: duckdb.DuckDBPyConnection, levels: list[str]) -> list[str]:
+    """Levels by concurrency, then rate, then name."""
+    order = con.sql(
+        "SELECT load_level FROM levels GROUP BY load_level "
+        "ORDER BY min(concurrency) NULLS LAST, min(rate_rps) NULLS LAST, load_level"
+    ).fetchall()
+    ordered = [row[0] for row in order]
+    return [level for level in ordered if level in levels]
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def _choose_level(
+    level: str,
+    runs: list[_Run],
+    metric: Metric,
+    slos: tuple[Slo, ...],
+    baseline_label: str | None,
+    resampler: _Resampler,
+    notes: list[str],
+) -> LevelChoice:
+    by_config: dict[str, list[_Run]] = {}
+    for run in runs:
+        by_config.setdefault(run.config_label, []).append(run)
+    baseline_runs = by_config.get(baseline_label) if baseline_label else None
+    if baseline_label and baseline_runs is None:
+        notes.append(f"{level}: the baseline was not measured here: speedups are null")
+    baseline_reps = resampler.replicates_of(level, baseline_runs) if baseline_runs else None
+    baseline_objective = _config_value(baseline_runs, metric.name) if baseline_runs else None
+    qualified: list[tuple[str, list[_Run], float, dict[str, float | None]]] = []
+    excluded: list[ExcludedConfig] = []
+    for label, config_runs in by_config.items():
+        slo_values = {s.metric: _config_value(config_runs, s.metric) for s in slos}
+        reasons = tuple(
+            f"{s.metric} = {_fmt(slo_values[s.metric])} is not {s.op} {s.threshold:g}"
+            for s in slos
+            if not s.holds(slo_values[s.metric])
+        )
+        objective = _config_value(config_runs, metric.name)
+        if objective is None:
+            reasons += (f"{metric.name} has no value (no successful requests)",)
+        if reasons:
+            excluded.append(ExcludedConfig(label, reasons))
+        else:
+            qualified.append((label, config_runs, objective, slo_values))  # type: ignore[arg-type]
+    sign = -1.0 if metric.better == "lower" else 1.0
+    qualified.sort(key=lambda item: (-sign * item[2], item[0]))
+    ranked: list[RankedConfig] = []
+    winner_ci: Interval | None = None
+    for rank, (label, config_runs, objective, slo_values) in enumerate(qualified, start=1):
+        reps = resampler.replicates_of(level, config_runs)
+        objective_ci = _interval(reps)
+        speedup = speedup_ci = None
+        is_baseline = label == baseline_label
+        if baseline_objective is not None and baseline_reps is not None:
+            speedup = _ratio(objective, baseline_objective, metric)
+            if not is_baseline:
+                speedup_ci = _interval(_ratio(reps, baseline_reps, metric))
+        if rank == 1:
+            winner_ci = objective_ci
+        values = [r.values[metric.name] for r in config_runs]
+        first = config_runs[0]
+        ranked.append(
+            RankedConfig(
+                rank=rank,
+                config_label=label,
+                is_baseline=is_baseline,
+                repeats=len(config_runs),
+                job_ids=tuple(r.job_id for r in config_runs),
+                objective=objective,
+                objective_mad=_mad(values) if len(values) > 1 else None,  # type: ignore[arg-type]
+                objective_ci=objective_ci,
+                speedup=speedup,
+                speedup_ci=speedup_ci,
+                tie=rank > 1 and winner_ci is not None and objective_ci.overlaps(winner_ci),
+                slo_values=slo_values,
+                launch_command=first.launch_command,
+                sglang_argv=first.sglang_argv,
+            )
+        )
+    return LevelChoice(level, baseline_label, baseline_objective, tuple(ranked), tuple(excluded))
+
+
+def _config_value(runs: list[_Run], name: str) -> float | None:
+    """Median over repeats; null if any repeat has no value."""
+    values = [r.values.get(name) for r in runs]
+    if any(v is None for v in values):
+        return None
+    return _median(values)  # type: ignore[arg-type]
+
+
+def _mad(values: list[float]) -> float:
+    center = _median(values)
+    return _median([abs(v - center) for v in values])
+
+
+def _ratio(config, baseline, metric: Metric):  # type: ignore[no-untyped-def]
+    """Speedup: config / baseline for higher-is-better objectives, baseline / config otherwise."""
+    return baseline / config if metric.better == "lower" else config / baseline
+
+
+def _interval(replicates: np.ndarray) -> Interval:
+    low, high = np.percentile(replicates, [2.5, 97.5])
+    return Interval(float(low), float(high))
+
+
+def _fmt(value: float | None) -> str:
+    return "null" if value is None else f"{value:.4g}"
+
+
+class _Resampler:
+    """Bootstrap replicates of the objective per run, from the request rows (one query per kind)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, metric: Metric, replicates: int, seed: int) -> None:
+        self._con = con
+        self._metric = metric
+        self._replicates = replicates
+        self._rng = np.random.default_rng(seed)
+        self._samples: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] | None = None
+
+    def replicates_of(self, level: str, runs: list[_Run]) -> np.ndarray:
+        """Replicates of the config's objective: per replicate, the median over its repeats."""
+        per_run = np.stack([self._run_replicates(level, run) for run in runs])
+        return np.median(per_run, axis=0)
+
+    def _run_replicates(self, level: str, run: _Run) -> np.ndarray:
+        sample = self._load().get((run.job_id, level))
+        if sample is None:
+            return np.full(self._replicates, np.nan)
+        values, counts = sample
+        aggregate = self._metric.aggregate
+        if isinstance(aggregate, Rate):
+            scale = run.duration_s * (run.gpus if aggregate.per_gpu else 1)
+            return self._rate_replicates(values, counts) / scale
+        return self._quantile_replicates(values, aggregate.q)  # type: ignore[union-attr]
+
+    def _load(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+        """Per (job, level): distinct per-request values ascending and how many requests had each.
+
+        Rate values repeat (token counts), so counting them keeps the transfer small; quantile
+        values are continuous, so every request keeps its own entry (count 1).
+        """
+        if self._samples is not None:
+            return self._samples
+        aggregate = self._metric.aggregate
+        per_request = (
+            f"SELECT job_id, load_level, ({aggregate.value})::DOUBLE AS v "  # type: ignore[union-attr]
+            "FROM requests WHERE NOT warmup"
+        )
+        if isinstance(aggregate, Rate):
+            counted = (
+                f"SELECT job_id, load_level, coalesce(v, 0) AS v, count(*) AS n FROM ({per_request}) "
+                "GROUP BY ALL"
+            )
+        else:
+            counted = f"SELECT job_id, load_level, v, 1 AS n FROM ({per_request}) WHERE v IS NOT NULL"
+        table = self._con.sql(
+            "SELECT job_id, load_level, list(v ORDER BY v) AS v, list(n ORDER BY v) AS n "
+            f"FROM ({counted}) GROUP BY job_id, load_level"
+        ).to_arrow_table()
+        values = table.column("v").combine_chunks()
+        counts = table.column("n").combine_chunks()
+        flat_values = values.flatten().to_numpy(zero_copy_only=False)
+        flat_counts = counts.flatten().to_numpy(zero_copy_only=False)
+        offsets = values.offsets.to_numpy()
+        keys = zip(table.column("job_id").to_pylist(), table.column("load_level").to_pylist(), strict=True)
+        self._samples = {
+            key: (flat_values[offsets[i] : offsets[i + 1]], flat_counts[offsets[i] : offsets[i + 1]])
+            for i, key in enumerate(keys)
+        }
+        return self._samples
+
+    def _rate_replicates(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Replicates of the sum over n requests resampled with replacement (values ascending)."""
+        n = int(counts.sum())
+        edges = np.linspace(values[0], values[-1], RATE_BINS + 1)
+        bins = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, RATE_BINS - 1)
+        bin_counts = np.bincount(bins, weights=counts, minlength=RATE_BINS)
+        bin_sums = np.bincount(bins, weights=values * counts, minlength=RATE_BINS)
+        used = bin_counts > 0
+        means = bin_sums[used] / bin_counts[used]
+        draws = self._rng.multinomial(n, bin_counts[used] / n, size=self._replicates)
+        return draws @ means
+
+    def _quantile_replicates(self, values: np.ndarray, q: float) -> np.ndarray:
+        """Replicates of quantile_cont(values, q) over resamples (values ascending)."""
+        n = len(values)
+        if n == 1:
+            return np.full(self._replicates, values[0])
+        h = (n - 1) * q  # 0-based interpolation position
+        k = int(np.floor(h)) + 1  # 1-based lower order statistic
+        frac = h - (k - 1)
+        u_low = self._rng.beta(k, n + 1 - k, self._replicates)
+        u_high = u_low + (1 - u_low) * self._rng.beta(1, n - k, self._replicates) if k < n else u_low
+        low = values[np.clip(np.ceil(u_low * n).astype(int) - 1, 0, n - 1)]
+        high = values[np.clip(np.ceil(u_high * n).astype(int) - 1, 0, n - 1)]
+        return low + frac * (high - low)

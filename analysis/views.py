@@ -1,0 +1,169 @@
+"""DuckDB views over a sweep's Parquet results: what ``sql``, ``best`` and ``report`` query.
+
+An in-memory DuckDB connection reads the committed Parquet files directly; it opens no database
+file and takes no lock, so it is safe next to a running sweep (it never touches ``queue.sqlite``).
+
+Views (columns as documented in ``docs/results.md``):
+
+- ``sweep``, ``jobs``: the committed rows as written.
+- ``levels``, ``requests``: rows of committed jobs only (semi-join on ``jobs``), so a crash between
+  the driver's renames never shows partial data. ``requests`` gains ``sweep_id`` and ``job_id``
+  from its hive partition directories.
+- ``results``: ``levels`` of jobs with status done, joined with their config (label, repeat,
+  effective speculative settings, launch command): one row per config run x load level.
+- ``request_metrics``: ``requests`` plus ``ok`` (error_type is null) and ``accept_length``
+  (completion_tokens / spec_verify_ct).
+- ``acceptance_by_position``: per job x level x draft position k >= 1, the fraction of verify steps
+  that accepted at least k drafts: ``sum_{j>=k} h[j] / sum_j h[j]`` over ``correct_drafts_histogram``
+  h (index j = steps that accepted exactly j drafts). Position 1 is the first draft token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from analysis.layout import (
+    attempted_job_ids,
+    committed_job_ids,
+    job_table_glob,
+    sweep_table_glob,
+)
+from analysis.metrics import ACCEPT_LENGTH_SQL, OK
+from analysis.schema import JOBS_SCHEMA, LEVELS_SCHEMA, REQUESTS_SCHEMA, SWEEP_SCHEMA
+from specsweep.errors import ResultsError
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
+
+VIEW_NAMES: tuple[str, ...] = (
+    "sweep",
+    "jobs",
+    "levels",
+    "requests",
+    "results",
+    "request_metrics",
+    "acceptance_by_position",
+)
+
+_RESULTS_SQL = """
+SELECT l.*, j.config_label, j.repeat_index, j.status,
+       j.effective_speculative_algorithm, j.effective_speculative_num_steps,
+       j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens,
+       j.effective_max_running_requests, j.launch_command
+FROM levels l JOIN jobs j USING (sweep_id, job_id)
+WHERE j.status = 'done'
+"""
+
+_REQUEST_METRICS_SQL = f"""
+SELECT *, {OK} AS ok, {ACCEPT_LENGTH_SQL} AS accept_length FROM requests
+"""
+
+_ACCEPTANCE_BY_POSITION_SQL = """
+WITH h AS (
+    SELECT sweep_id, job_id, load_level,
+           unnest(correct_drafts_histogram) AS steps,
+           generate_subscripts(correct_drafts_histogram, 1) - 1 AS accepted
+    FROM levels WHERE correct_drafts_histogram IS NOT NULL
+), tail AS (
+    SELECT sweep_id, job_id, load_level, accepted AS position,
+           sum(steps) OVER (PARTITION BY sweep_id, job_id, load_level ORDER BY accepted DESC)
+             / nullif(sum(steps) OVER (PARTITION BY sweep_id, job_id, load_level), 0) AS acceptance
+    FROM h
+)
+SELECT * FROM tail WHERE position >= 1
+"""
+
+
+def check_results_dir(out: Path) -> None:
+    """Raise ResultsError unless ``out`` holds at least one committed job of a sweep."""
+    if not out.exists():
+        raise ResultsError(
+            "no such directory", where=str(out), fix="pass the output directory of `specsweep run`"
+        )
+    if not out.is_dir():
+        raise ResultsError(
+            "not a directory", where=str(out), fix="pass the output directory of `specsweep run`"
+        )
+    if committed_job_ids(out):
+        return
+    in_progress = attempted_job_ids(out)
+    detail = (
+        f"; {len(in_progress)} job(s) have attempts in progress but none has committed yet"
+        if in_progress
+        else ""
+    )
+    raise ResultsError(
+        f"holds no sweep results: no committed jobs (OUT/jobs/sweep=<id>/job=<id>/part-0.parquet){detail}",
+        where=str(out),
+        fix="point at a sweep's output directory (the --out of `specsweep run`), "
+        "or wait until its first job commits",
+    )
+
+
+def connect(out: Path) -> duckdb.DuckDBPyConnection:
+    """In-memory DuckDB with the views above registered over ``out``'s committed results."""
+    import duckdb
+
+    check_results_dir(out)
+    con = duckdb.connect(":memory:")
+    _register_table(con, "sweep", sweep_table_glob(out), SWEEP_SCHEMA, partitions=("sweep",))
+    _register_table(con, "jobs", job_table_glob(out, "jobs"), JOBS_SCHEMA, partitions=("sweep", "job"))
+    _register_table(
+        con, "levels_all", job_table_glob(out, "levels"), LEVELS_SCHEMA, partitions=("sweep", "job")
+    )
+    con.execute(
+        "CREATE VIEW levels AS SELECT * FROM levels_all l "
+        "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = l.sweep_id AND j.job_id = l.job_id)"
+    )
+    _register_requests(con, out)
+    con.execute(f"CREATE VIEW results AS {_RESULTS_SQL}")
+    con.execute(f"CREATE VIEW request_metrics AS {_REQUEST_METRICS_SQL}")
+    con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")
+    return con
+
+
+def _has_files(glob: str) -> bool:
+    path = Path(glob)
+    anchor = next(p for p in path.parents if "*" not in str(p))
+    return any(anchor.glob(str(path.relative_to(anchor))))
+
+
+def _read_parquet(glob: str) -> str:
+    escaped = glob.replace("'", "''")
+    return f"read_parquet('{escaped}', hive_partitioning = true, hive_types_autocast = false)"
+
+
+def _register_table(
+    con: duckdb.DuckDBPyConnection, name: str, glob: str, schema: pa.Schema, partitions: tuple[str, ...]
+) -> None:
+    """A view over the files, without the hive partition columns (the files carry the ids)."""
+    if not _has_files(glob):
+        _register_empty(con, name, schema)
+        return
+    exclude = ", ".join(partitions)
+    con.execute(f"CREATE VIEW {name} AS SELECT * EXCLUDE ({exclude}) FROM {_read_parquet(glob)}")
+
+
+def _register_requests(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+    """Requests carry no ids in the file: they come from the sweep=/job= directories."""
+    glob = job_table_glob(out, "requests")
+    if not _has_files(glob):
+        import pyarrow as pa
+
+        ids = [pa.field("sweep_id", pa.string()), pa.field("job_id", pa.string())]
+        _register_empty(con, "requests", pa.schema(ids + list(REQUESTS_SCHEMA)))
+        return
+    con.execute(
+        "CREATE VIEW requests AS "
+        "SELECT r.sweep AS sweep_id, r.job AS job_id, r.* EXCLUDE (sweep, job) "
+        f"FROM {_read_parquet(glob)} r "
+        "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = r.sweep AND j.job_id = r.job)"
+    )
+
+
+def _register_empty(con: duckdb.DuckDBPyConnection, name: str, schema: pa.Schema) -> None:
+    """A view with the table's columns and no rows (e.g. every job failed: no levels files)."""
+    con.register(f"_{name}_empty", schema.empty_table())
+    con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
