@@ -19,6 +19,7 @@ from specsweep.errors import SpecsweepError
 # Subcommand name -> module under harness.commands defining COMMAND. Order is the help order.
 COMMAND_MODULES: dict[str, str] = {
     "validate": "validate",
+    "load": "load",
 }
 
 log = logging.getLogger("specsweep")

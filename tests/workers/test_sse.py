@@ -56,7 +56,7 @@ def test_decoder_gives_same_events_when_split_at_every_byte() -> None:
 
 def test_decoder_handles_comments_event_names_and_multiline_data_when_present() -> None:
     """Comments are skipped, ``event:`` is kept, several ``data:`` lines join with a newline."""
-    raw = b": keep-alive\n\nevent: sglext_ids\ndata: {\"x\":\ndata: 1}\nid: 7\n\n"
+    raw = b': keep-alive\n\nevent: sglext_ids\ndata: {"x":\ndata: 1}\nid: 7\n\n'
     (event,) = _events(raw, [])
     assert event.event == b"sglext_ids"
     assert event.data == b'{"x":\n1}'

@@ -1,0 +1,89 @@
+"""Bad input never stops a run: each failure becomes rows with its error class, and the run finishes.
+
+Byte-level faults the simulated server cannot produce come from ``wire_server`` (exact bytes on a raw
+TCP socket); server down is a closed port.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tests.workers.wire_server import WireServer
+from workers.loadgen import LoadLevel, run_load
+from workers.workloads import RandomIdsWorkload
+
+WORKLOAD = RandomIdsWorkload(input_tokens=8, output_tokens=10)
+LEVEL = LoadLevel(concurrency=2, requests=4, request_timeout_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def wire() -> Iterator[WireServer]:
+    with WireServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("mode", "error_type", "status", "message"),
+    [
+        ("reset", "connection_reset", 200, "connection lost mid-stream after 1 tokens"),
+        ("truncated", "truncated_stream", 200, "stream ended without [DONE] (mid-event) after 1 tokens"),
+        ("not_sse", "malformed_sse", 200, "not a server-sent event line"),
+        ("bad_json", "malformed_sse", 200, "chunk is not JSON"),
+        ("stall", "timeout", 200, "no complete response within 1 s (1 tokens)"),
+        ("http_503", "http_error", 503, 'HTTP 503: {"error":{"message":"overloaded"}}'),
+    ],
+)
+def test_run_load_records_error_rows_when_server_misbehaves(
+    wire: WireServer, mode: str, error_type: str, status: int, message: str
+) -> None:
+    """Every request of the level is a row with the failure's class, status and message; none dropped."""
+    result = run_load(wire.url(mode), LEVEL, WORKLOAD, calibration_streams=4)
+    assert len(result.records) == 4
+    assert sorted(r.request_id for r in result.records) == ["r0000000", "r0000001", "r0000002", "r0000003"]
+    for record in result.records:
+        assert (record.error_type, record.http_status) == (error_type, status)
+        assert message in (record.error_message or "")
+        assert record.end_ns is not None and record.end_ns >= record.start_ns
+
+
+def test_run_load_keeps_tokens_seen_when_stream_is_cut_mid_way(wire: WireServer) -> None:
+    """A cut-off request keeps the chunk it did receive: partial data is data, marked as failed."""
+    result = run_load(wire.url("reset"), LEVEL, WORKLOAD, calibration_streams=4)
+    for record in result.records:
+        assert record.chunk_tokens == [1]
+        assert record.completion_tokens == 1
+        assert record.ttft_ms is not None
+
+
+def test_run_load_records_connect_errors_when_server_is_down() -> None:
+    """No server on the port: every request is a ``connect_error`` row naming the address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = run_load(f"http://127.0.0.1:{port}", LEVEL, WORKLOAD, calibration_streams=4)
+    assert len(result.records) == 4
+    assert {r.error_type for r in result.records} == {"connect_error"}
+    assert all(f"127.0.0.1:{port}" in (r.error_message or "") for r in result.records)
+    assert all(r.http_status is None for r in result.records)
+
+
+def test_run_load_cuts_off_in_flight_requests_when_duration_and_drain_end(wire: WireServer) -> None:
+    """With a duration, requests still running after the drain time are ``cut_off`` rows."""
+    level = LoadLevel(concurrency=3, duration_s=0.3, drain_s=0.2, request_timeout_s=30)
+    result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=4)
+    assert len(result.records) == 3
+    assert {r.error_type for r in result.records} == {"cut_off"}
+    assert all(r.completion_tokens == 1 for r in result.records)
+
+
+def test_run_load_parses_recorded_sglang_stream_when_wire_is_exact(wire: WireServer) -> None:
+    """Against SGLang's recorded bytes every row is complete: tokens per step, spec stats, no error."""
+    result = run_load(wire.url("recorded"), LEVEL, WORKLOAD, calibration_streams=4)
+    for record in result.records:
+        assert record.error_type is None
+        assert (record.chunk_tokens, record.completion_tokens) == ([3, 2, 4, 1], 10)
+        assert (record.spec_verify_ct, record.spec_accept_length) == (4, 2.5)
+        assert len(record.itl_per_token_ms or []) == 7 and len(record.itl_per_step_ms or []) == 3

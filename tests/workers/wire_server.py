@@ -1,0 +1,118 @@
+"""A raw TCP server on 127.0.0.1 that writes exact bytes: faults the simulated server cannot produce.
+
+Not a mock of our code: it is a wire fixture. The first path segment picks the behaviour
+(``http://127.0.0.1:PORT/<mode>`` as the base URL, so ``/<mode>/generate`` is requested), and each
+behaviour writes a fixed byte sequence: a recorded SGLang stream, a stream reset mid-way, a stream
+that ends without ``[DONE]``, a page that is not SSE, a stream that stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+from pathlib import Path
+
+STREAMS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23"
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+_FIRST_CHUNK = (
+    b'data: {"text":"a","output_ids":[1],"meta_info":{"id":"x","finish_reason":null,'
+    b'"prompt_tokens":4,"completion_tokens":1,"cached_tokens":0}}\n\n'
+)
+
+
+def _chunked(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(body), body)
+
+
+async def _read_request(reader: asyncio.StreamReader) -> str:
+    """Read one request, return its path."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    length = 0
+    for line in head.split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return head.split(" ")[1]
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST (SO_LINGER 0), as a crashed server's kernel does."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            path = await _read_request(reader)
+            mode = path.strip("/").split("/")[0]
+            if mode == "recorded":
+                writer.write(
+                    _HEAD + _chunked((STREAMS / "generate_spec_stream.sse").read_bytes()) + b"0\r\n\r\n"
+                )
+            elif mode == "reset":
+                writer.write(_HEAD + _chunked(_FIRST_CHUNK))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                _reset(writer)
+                return
+            elif mode == "truncated":
+                writer.write(_HEAD + _chunked(_FIRST_CHUNK + b'data: {"text":"ab"') + b"0\r\n\r\n")
+            elif mode == "not_sse":
+                page = b"<html><body>502 Bad Gateway</body></html>\n\n"
+                writer.write(_HEAD + _chunked(page) + b"0\r\n\r\n")
+            elif mode == "bad_json":
+                writer.write(
+                    _HEAD + _chunked(_FIRST_CHUNK + b"data: {not json}\n\ndata: [DONE]\n\n") + b"0\r\n\r\n"
+                )
+            elif mode == "stall":
+                writer.write(_HEAD + _chunked(_FIRST_CHUNK))
+                await writer.drain()
+                await asyncio.sleep(3600)
+            elif mode == "http_503":
+                body = b'{"error":{"message":"overloaded"}}'
+                writer.write(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
+
+
+class WireServer:
+    """The server on its own thread and event loop; ``url(mode)`` is a base URL for ``run_load``."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    def __enter__(self) -> WireServer:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(asyncio.start_server(_handle, "127.0.0.1", 0), self._loop)
+        self._server = future.result(timeout=10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def url(self, mode: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{mode}"
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            assert self._server is not None
+            self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()

@@ -1,0 +1,683 @@
+"""Concurrent load against an SGLang (or simulated) server, one exact record per request.
+
+``run_load(url, level, workload)`` measures the client's own added delay on a loopback endpoint, sends
+the warmup requests (not recorded; then ``/flush_cache`` when asked), and runs one load level:
+
+- closed loop: ``concurrency`` requests always in flight, for a count or a duration;
+- open loop: Poisson or constant arrivals at ``rate_rps``, optionally capped in flight; each record keeps
+  the scheduled and the actual send time, so lateness is visible. For a count, the Poisson schedule is
+  conditioned to end exactly at ``requests / rate`` (uniform order statistics), so the offered rate is
+  the target rate, not a noisy draw of it.
+
+Each process has ONE aiohttp session whose pool is sized to the streams it drives; timestamps are taken
+with ``perf_counter_ns`` as each read returns, before any parsing (``workers.sse``,
+``workers.sglang_stream``). Failed, timed-out and cut-off requests are records with an ``error_type``;
+nothing is dropped. When one process cannot keep up (``processes``, automatic by concurrency), shard
+processes (``python -m workers.loadgen``) start together on one clock and their records are merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import itertools
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from analysis.schema import RequestRecord, requests_table, write_parquet_atomic
+from workers.calibration import ClientDelay, LoopbackServer, loopback_body
+from workers.sglang import api
+from workers.sglang_stream import ResponseStream, StreamError
+from workers.sse import SSEDecoder, SSEFormatError
+from workers.workloads import PreparedRequest, Workload, request_stream
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+STREAMS_PER_PROCESS = 768  # above this many concurrent streams one event loop falls behind (bench/loadgen.py)
+_READ_BUFFER = 1 << 20
+_ERROR_BODY_BYTES = 2048
+_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+_WORKLOAD_ADAPTER: TypeAdapter[Workload] = TypeAdapter(Workload)
+
+
+class LoadLevel(BaseModel):
+    """One load level: closed loop (``concurrency``) or open loop (``rate_rps``), for a count or a time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: int | None = Field(default=None, ge=1, description="Closed loop: requests kept in flight.")
+    rate_rps: float | None = Field(default=None, gt=0, description="Open loop: target requests per second.")
+    arrival: Literal["poisson", "constant"] = Field(
+        default="poisson", description="Open loop arrival process."
+    )
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="Open loop: at most this many in flight (sends wait, and are late)."
+    )
+    requests: int | None = Field(default=None, ge=1, description="Measured requests to send.")
+    duration_s: float | None = Field(default=None, gt=0, description="Seconds to keep sending.")
+    warmup_requests: int = Field(default=0, ge=0, description="Unrecorded requests sent before measuring.")
+    flush_cache: bool = Field(
+        default=False, description="POST /flush_cache after warmup, so server-side averages exclude it."
+    )
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Whole-request timeout.")
+    drain_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="After a duration ends, seconds in-flight requests get before cut-off.",
+    )
+    processes: int | None = Field(
+        default=None, ge=1, description="Client processes; null = automatic by concurrency."
+    )
+    seed: int = Field(default=0, description="Seed of the arrival schedule.")
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> LoadLevel:
+        if (self.concurrency is None) == (self.rate_rps is None):
+            raise ValueError("give exactly one of concurrency (closed loop) or rate_rps (open loop)")
+        if (self.requests is None) == (self.duration_s is None):
+            raise ValueError("give exactly one of requests or duration_s")
+        if self.max_concurrency is not None and self.rate_rps is None:
+            raise ValueError("max_concurrency caps an open loop; with concurrency it has no meaning")
+        return self
+
+    @property
+    def label(self) -> str:
+        """The ``load_level`` column value: ``concurrency=64`` or ``rate=12.5``."""
+        return f"concurrency={self.concurrency}" if self.concurrency else f"rate={self.rate_rps:g}"
+
+    @property
+    def streams(self) -> int | None:
+        """Most requests in flight at once, when bounded."""
+        return self.concurrency or self.max_concurrency
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """One level's outcome: measured records (warmup apart), the calibration, and achieved rates."""
+
+    level: LoadLevel
+    records: list[RequestRecord]
+    warmup_records: list[RequestRecord]
+    client_delay: ClientDelay
+    duration_s: float  # run start to the last request's end
+    achieved_rate_rps: float | None  # requests sent per second (open loop: over the schedule's window)
+    processes: int
+    cache_flushed: bool | None  # None when not asked
+
+    @property
+    def num_errors(self) -> int:
+        """Records with an error class."""
+        return sum(1 for r in self.records if r.error_type is not None)
+
+
+# --------------------------------------------------------------------------------------------------
+# One request
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every record of a run shares."""
+
+    base_url: str
+    level: LoadLevel
+    t0_ns: int  # absolute perf_counter_ns of the run start; record times are relative to it
+    warmup: bool
+
+
+async def _send(
+    session: aiohttp.ClientSession, ctx: _Context, prep: PreparedRequest, scheduled_abs_ns: int | None
+) -> RequestRecord:
+    """Send one request and read its stream; always returns a record (errors included)."""
+    stream = ResponseStream(prep.endpoint)
+    decoder = SSEDecoder()
+    status: int | None = None
+    error: tuple[str, str] | None = None
+    start_ns = time.perf_counter_ns()
+    try:
+        async with session.post(ctx.base_url + prep.endpoint, data=prep.body, headers=_HEADERS) as resp:
+            status = resp.status
+            if status != 200:
+                body = await resp.content.read(_ERROR_BODY_BYTES)
+                error = ("http_error", f"HTTP {status}: {body.decode('utf-8', 'replace').strip()}")
+            else:
+                content = resp.content
+                feed = decoder.feed
+                add = stream.add
+                while data := await content.readany():
+                    now = time.perf_counter_ns()
+                    for event in feed(data, now):
+                        add(event)
+    except asyncio.CancelledError:
+        error = ("cut_off", f"run ended with the request in flight after {stream.completion_tokens} tokens")
+    except TimeoutError:
+        timeout = ctx.level.request_timeout_s
+        error = ("timeout", f"no complete response within {timeout:g} s ({stream.completion_tokens} tokens)")
+    except aiohttp.ClientConnectorError as err:
+        error = ("connect_error", f"cannot connect to {ctx.base_url}: {err.os_error or err}")
+    except (
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientPayloadError,
+        aiohttp.ClientOSError,
+        ConnectionError,
+    ) as err:
+        error = (
+            "connection_reset",
+            f"connection lost mid-stream after {stream.completion_tokens} tokens: {type(err).__name__}: {err}",
+        )
+    except SSEFormatError as err:
+        error = ("malformed_sse", str(err))
+    except (aiohttp.ClientError, OSError, ValueError) as err:
+        error = ("client_error", f"{type(err).__name__}: {err}")
+    end_ns = time.perf_counter_ns()
+    return _record(ctx, prep, stream, decoder, status, error, scheduled_abs_ns, start_ns, end_ns)
+
+
+def _record(
+    ctx: _Context,
+    prep: PreparedRequest,
+    stream: ResponseStream,
+    decoder: SSEDecoder,
+    status: int | None,
+    error: tuple[str, str] | None,
+    scheduled_abs_ns: int | None,
+    start_ns: int,
+    end_ns: int,
+) -> RequestRecord:
+    """The record of one finished (or failed) request; latencies only from what was measured."""
+    stats = None
+    if error is None:
+        if not stream.done:
+            partial = " (mid-event)" if decoder.has_partial_event else ""
+            error = (
+                "truncated_stream",
+                f"stream ended without [DONE]{partial} after {stream.completion_tokens} tokens",
+            )
+        else:
+            try:
+                stats = stream.final_stats()
+            except StreamError as err:
+                error = (err.error_type, str(err))
+    if stream.done_ns is not None:
+        end_ns = stream.done_ns
+    arrivals = [t - start_ns for t in stream.chunk_arrival_ns]
+    tokens = stream.chunk_tokens
+    completion = stats.completion_tokens if stats and stats.completion_tokens is not None else None
+    if completion is None and tokens:
+        completion = stream.completion_tokens
+    ttft_ms = arrivals[0] / 1e6 if arrivals else None
+    step_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(arrivals)]
+    token_ms = [gap / n for gap, n in zip(step_ms, tokens[1:], strict=True) for _ in range(n)]
+    tpot_ms = None
+    if len(arrivals) > 1 and completion and completion > 1:
+        tpot_ms = (arrivals[-1] - arrivals[0]) / 1e6 / (completion - 1)
+    level = ctx.level
+    return RequestRecord(
+        request_id=f"{'w' if ctx.warmup else 'r'}{prep.index:07d}",
+        load_level=level.label,
+        concurrency=level.concurrency,
+        rate_rps=level.rate_rps,
+        endpoint=prep.endpoint,
+        warmup=ctx.warmup,
+        scheduled_ns=(start_ns if scheduled_abs_ns is None else scheduled_abs_ns) - ctx.t0_ns,
+        start_ns=start_ns - ctx.t0_ns,
+        end_ns=end_ns - ctx.t0_ns,
+        ttft_ms=ttft_ms,
+        e2e_ms=(end_ns - start_ns) / 1e6,
+        tpot_ms=tpot_ms,
+        prompt_tokens=stats.prompt_tokens if stats else None,
+        completion_tokens=completion,
+        chunk_arrival_ns=arrivals,
+        chunk_tokens=list(tokens),
+        server_chunk_ns=[t - start_ns for t in stream.server_chunk_ns] or None,
+        itl_per_token_ms=token_ms,
+        itl_per_step_ms=step_ms,
+        finish_reason=stats.finish_reason if stats else None,
+        spec_verify_ct=stats.spec_verify_ct if stats else None,
+        spec_accept_length=stats.spec_accept_length if stats else None,
+        spec_accept_rate=stats.spec_accept_rate if stats else None,
+        spec_num_correct_drafts=stats.spec_num_correct_drafts if stats else None,
+        spec_num_proposed_drafts=stats.spec_num_proposed_drafts if stats else None,
+        spec_correct_drafts_histogram=stats.spec_correct_drafts_histogram if stats else None,
+        http_status=status,
+        error_type=error[0] if error else None,
+        error_message=error[1] if error else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Schedules and loops
+# --------------------------------------------------------------------------------------------------
+
+
+def arrival_offsets_ns(level: LoadLevel) -> Iterator[int]:
+    """Send times (ns after the run start) of an open loop, all of them (count) or unending (duration).
+
+    Constant: ``k / rate`` for k = 1, 2, ... Poisson with a count ``n``: the last arrival at exactly
+    ``n / rate`` and the others uniform before it (a Poisson process conditioned on that); with a
+    duration: cumulative exponential gaps.
+    """
+    rate = float(level.rate_rps or 0)
+    rng = np.random.default_rng(level.seed)
+    if level.arrival == "constant":
+        return (round(k * 1e9 / rate) for k in _count_from(1, level.requests))
+    if level.requests is not None:
+        window = level.requests / rate
+        times = np.sort(rng.uniform(0.0, window, level.requests - 1))
+        return (round(t * 1e9) for t in [*times.tolist(), window])
+    return _poisson_unending(rng, rate)
+
+
+def _count_from(start: int, count: int | None) -> Iterable[int]:
+    return range(start, start + count) if count is not None else _naturals(start)
+
+
+def _naturals(start: int) -> Iterator[int]:
+    k = start
+    while True:
+        yield k
+        k += 1
+
+
+def _poisson_unending(rng: np.random.Generator, rate: float) -> Iterator[int]:
+    t = 0.0
+    while True:
+        for gap in rng.exponential(1.0 / rate, 4096).tolist():
+            t += gap
+            yield round(t * 1e9)
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession,
+    ctx: _Context,
+    requests: Iterator[PreparedRequest],
+    workers: int,
+    deadline_abs_ns: int | None,
+    records: list[RequestRecord],
+) -> None:
+    """``workers`` coroutines, each sending its next request as soon as the last one ends."""
+
+    async def worker() -> None:
+        for prep in requests:
+            if deadline_abs_ns is not None and time.perf_counter_ns() >= deadline_abs_ns:
+                return
+            records.append(await _send(session, ctx, prep, None))
+
+    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+    await _finish(tasks, ctx.level, deadline_abs_ns)
+
+
+async def _open_loop(
+    session: aiohttp.ClientSession,
+    ctx: _Context,
+    requests: Iterator[PreparedRequest],
+    offsets_ns: Iterator[int],
+    cap: int | None,
+    deadline_abs_ns: int | None,
+    records: list[RequestRecord],
+) -> None:
+    """Send each request at its scheduled time (or as soon after as the cap allows)."""
+    slots = asyncio.Semaphore(cap) if cap else None
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(prep: PreparedRequest, scheduled: int) -> None:
+        try:
+            records.append(await _send(session, ctx, prep, scheduled))
+        finally:
+            if slots is not None:
+                slots.release()
+
+    for prep, offset in zip(requests, offsets_ns, strict=False):
+        scheduled = ctx.t0_ns + offset
+        if deadline_abs_ns is not None and scheduled >= deadline_abs_ns:
+            break
+        delay = (scheduled - time.perf_counter_ns()) / 1e9
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if slots is not None:
+            await slots.acquire()
+        task = asyncio.create_task(one(prep, scheduled))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await _finish(list(tasks), ctx.level, deadline_abs_ns)
+
+
+async def _finish(tasks: list[asyncio.Task[None]], level: LoadLevel, deadline_abs_ns: int | None) -> None:
+    """Wait for in-flight requests; after a duration they get ``drain_s`` more, then are cut off."""
+    if not tasks:
+        return
+    timeout = None
+    if deadline_abs_ns is not None:
+        timeout = max(0.0, (deadline_abs_ns - time.perf_counter_ns()) / 1e9) + level.drain_s
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()  # _send turns the cancellation into a "cut_off" record
+    if pending:
+        await asyncio.wait(pending)
+
+
+# --------------------------------------------------------------------------------------------------
+# One process
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Shard:
+    """This process's part of a level: every ``count``-th request from ``index``, its stream share."""
+
+    index: int
+    count: int
+
+    def share(self, total: int) -> int:
+        """This shard's part of ``total`` streams (the first shards take the remainder)."""
+        return total // self.count + (1 if self.index < total % self.count else 0)
+
+    def indices(self, limit: int | None, start: int = 0) -> Iterable[int]:
+        """Global request indices of this shard, from ``start``."""
+        first = start + self.index
+        return range(first, start + limit, self.count) if limit is not None else _stepped(first, self.count)
+
+
+def _stepped(first: int, step: int) -> Iterator[int]:
+    k = first
+    while True:
+        yield k
+        k += step
+
+
+def _session(streams: int | None, level: LoadLevel) -> aiohttp.ClientSession:
+    """The process's one session: pool sized to its streams, large read buffer, no per-request extras."""
+    connector = aiohttp.TCPConnector(limit=streams or 0, limit_per_host=0, ttl_dns_cache=None)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=level.request_timeout_s),
+        read_bufsize=_READ_BUFFER,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+def _prepared_requests(level: LoadLevel, workload: Workload, shard: _Shard) -> Iterator[PreparedRequest]:
+    """This shard's measured requests; for a count, all bodies encoded now, before the clock starts."""
+    start = level.warmup_requests
+    requests = request_stream(workload, iter(shard.indices(level.requests, start)))
+    return iter(list(requests)) if level.requests is not None else requests
+
+
+async def _run_measured(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    level: LoadLevel,
+    requests: Iterator[PreparedRequest],
+    shard: _Shard,
+    t0_ns: int,
+) -> list[RequestRecord]:
+    """This process's share of the measured requests, starting at ``t0_ns``."""
+    ctx = _Context(base_url, level, t0_ns, warmup=False)
+    deadline = t0_ns + round(level.duration_s * 1e9) if level.duration_s is not None else None
+    records: list[RequestRecord] = []
+    delay = (t0_ns - time.perf_counter_ns()) / 1e9
+    if delay > 0:
+        await asyncio.sleep(delay)
+    if level.concurrency is not None:
+        await _closed_loop(session, ctx, requests, shard.share(level.concurrency), deadline, records)
+    else:
+        offsets = (o for k, o in enumerate(arrival_offsets_ns(level)) if k % shard.count == shard.index)
+        cap = shard.share(level.max_concurrency) if level.max_concurrency else None
+        await _open_loop(session, ctx, requests, offsets, cap, deadline, records)
+    return records
+
+
+async def _warmup(
+    session: aiohttp.ClientSession, base_url: str, level: LoadLevel, workload: Workload
+) -> tuple[list[RequestRecord], bool | None]:
+    """Send the warmup requests (closed loop at the level's streams), then flush the cache if asked."""
+    records: list[RequestRecord] = []
+    if level.warmup_requests:
+        ctx = _Context(base_url, level, time.perf_counter_ns(), warmup=True)
+        requests = request_stream(workload, iter(range(level.warmup_requests)))
+        workers = min(level.warmup_requests, level.streams or level.warmup_requests)
+        await _closed_loop(session, ctx, requests, workers, None, records)
+    flushed = await _flush_cache(session, base_url, level.request_timeout_s) if level.flush_cache else None
+    return records, flushed
+
+
+async def _flush_cache(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> bool:
+    """POST /flush_cache until it succeeds (SGLang answers 400 while requests still run)."""
+    deadline = time.monotonic() + min(timeout_s, 30.0)
+    while True:
+        try:
+            async with session.post(base_url + api.FLUSH_CACHE) as resp:
+                if resp.status == 200:
+                    return True
+                log.info("flush_cache answered %d; retrying", resp.status)
+        except aiohttp.ClientError as err:
+            log.warning("flush_cache failed: %s", err)
+        if time.monotonic() > deadline:
+            log.warning("flush_cache did not succeed; server-side averages include warmup")
+            return False
+        await asyncio.sleep(0.2)
+
+
+async def _calibrate(streams: int, chunks: int = 40, interval_us: int = 5000) -> ClientDelay:
+    """Client-added delay per chunk on the loopback endpoint, through the normal request path."""
+    level = LoadLevel(concurrency=streams, requests=streams, request_timeout_s=60)
+    with LoopbackServer() as server:
+        async with _session(streams, level) as session:
+            ctx = _Context(server.url, level, time.perf_counter_ns(), warmup=False)
+            prep = PreparedRequest(0, api.GENERATE, loopback_body(chunks, interval_us), chunks)
+            records = await asyncio.gather(*(_send(session, ctx, prep, None) for _ in range(streams)))
+    delays = [
+        (arrival - sent) / 1e3
+        for r in records
+        if r.error_type is None and r.server_chunk_ns is not None and r.chunk_arrival_ns is not None
+        for arrival, sent in zip(r.chunk_arrival_ns, r.server_chunk_ns, strict=True)
+    ]
+    if not delays:
+        errors = {r.error_message for r in records}
+        raise RuntimeError(f"loopback calibration got no chunks: {errors}")
+    values = np.asarray(delays)
+    return ClientDelay(
+        streams=streams,
+        chunks=len(delays),
+        p50_us=float(np.percentile(values, 50)),
+        p99_us=float(np.percentile(values, 99)),
+        max_us=float(values.max()),
+    )
+
+
+@contextlib.contextmanager
+def _no_gc_pauses() -> Iterator[None]:
+    """No cyclic GC during measurement: a full collection stalls every stream for milliseconds."""
+    gc.collect()
+    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (lower per-read cost), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _run_async(coro_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine on a fresh (uv)loop."""
+    with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        return runner.run(coro_factory())
+
+
+# --------------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------------
+
+
+def auto_processes(level: LoadLevel) -> int:
+    """Client processes for a level: one per ``STREAMS_PER_PROCESS`` streams, at most one per core."""
+    if level.processes is not None:
+        return level.processes
+    streams = level.streams or 1
+    return max(1, min(os.cpu_count() or 1, math.ceil(streams / STREAMS_PER_PROCESS)))
+
+
+def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_streams: int = 32) -> LoadResult:
+    """Run one load level against ``url`` (``http://host:port``) and return every request's record."""
+    base_url = url.rstrip("/")
+    processes = auto_processes(level)
+    client_delay = _run_async(lambda: _calibrate(calibration_streams))
+    log.info("client-added delay p50 %.0f us, p99 %.0f us", client_delay.p50_us, client_delay.p99_us)
+
+    async def warmup() -> tuple[list[RequestRecord], bool | None]:
+        async with _session(level.streams, level) as session:
+            return await _warmup(session, base_url, level, workload)
+
+    warmup_records, flushed = _run_async(warmup)
+    with _no_gc_pauses():
+        if processes == 1:
+            records = _run_async(lambda: _run_one_process(base_url, level, workload))
+        else:
+            records = _run_shard_processes(base_url, level, workload, processes)
+    records.sort(key=lambda r: (r.start_ns, r.request_id))
+    return LoadResult(
+        level=level,
+        records=records,
+        warmup_records=warmup_records,
+        client_delay=client_delay,
+        duration_s=max((r.end_ns or r.start_ns for r in records), default=0) / 1e9,
+        achieved_rate_rps=_achieved_rate(level, records),
+        processes=processes,
+        cache_flushed=flushed,
+    )
+
+
+async def _run_one_process(base_url: str, level: LoadLevel, workload: Workload) -> list[RequestRecord]:
+    shard = _Shard(0, 1)
+    requests = _prepared_requests(level, workload, shard)
+    async with _session(level.streams, level) as session:
+        t0_ns = time.perf_counter_ns()
+        return await _run_measured(session, base_url, level, requests, shard, t0_ns)
+
+
+def _achieved_rate(level: LoadLevel, records: list[RequestRecord]) -> float | None:
+    """Sends per second: open loop over the span to the last send; closed loop over the run."""
+    if not records:
+        return None
+    if level.rate_rps is not None:
+        last = max(r.start_ns for r in records)
+        return len(records) / (last / 1e9) if last > 0 else None
+    end = max(r.end_ns or r.start_ns for r in records)
+    return len(records) / (end / 1e9) if end > 0 else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Several processes
+# --------------------------------------------------------------------------------------------------
+
+_START_MARGIN_NS = 200_000_000  # shards are told the start time this far ahead
+
+
+def _run_shard_processes(
+    base_url: str, level: LoadLevel, workload: Workload, processes: int
+) -> list[RequestRecord]:
+    """Start ``processes`` shard processes, let them all begin at one instant, merge their records."""
+    with tempfile.TemporaryDirectory(prefix="specsweep-load-") as tmp:
+        children = []
+        for index in range(processes):
+            job = {
+                "url": base_url,
+                "level": level.model_dump(mode="json"),
+                "workload": _WORKLOAD_ADAPTER.dump_python(workload, mode="json"),
+                "shard": index,
+                "shards": processes,
+                "out": str(Path(tmp) / f"part-{index}.parquet"),
+            }
+            child = subprocess.Popen(
+                [sys.executable, "-m", "workers.loadgen"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(json.dumps(job) + "\n")
+            child.stdin.flush()
+            children.append(child)
+        try:
+            for child in children:
+                if child.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                    raise RuntimeError("a load generator shard process failed to start")
+            t0_ns = time.perf_counter_ns() + _START_MARGIN_NS
+            for child in children:
+                child.stdin.write(f"{t0_ns}\n")  # type: ignore[union-attr]
+                child.stdin.flush()  # type: ignore[union-attr]
+            for child in children:
+                child.wait()
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+        records: list[RequestRecord] = []
+        for index in range(processes):
+            part = Path(tmp) / f"part-{index}.parquet"
+            if part.exists():
+                records.extend(_read_records(part))
+            else:
+                log.error("load generator shard %d wrote no records", index)
+    return records
+
+
+def _read_records(path: Path) -> list[RequestRecord]:
+    """Records back from a shard's Parquet part."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    return [RequestRecord(**row) for row in table.to_pylist()]
+
+
+def _shard_main() -> int:
+    """A shard process: read its job, say ready, wait for the start time, run, write records."""
+    job = json.loads(sys.stdin.readline())
+    level = LoadLevel.model_validate(job["level"])
+    workload = _WORKLOAD_ADAPTER.validate_python(job["workload"])
+    shard = _Shard(job["shard"], job["shards"])
+
+    async def main() -> list[RequestRecord]:
+        requests = _prepared_requests(level, workload, shard)
+        async with _session(shard.share(level.streams) if level.streams else None, level) as session:
+            print("ready", flush=True)
+            t0_ns = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+            return await _run_measured(session, job["url"], level, requests, shard, t0_ns)
+
+    with _no_gc_pauses():
+        records = _run_async(main)
+    write_parquet_atomic(requests_table(records), job["out"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_shard_main())
