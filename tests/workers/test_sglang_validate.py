@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,15 @@ def test_cli_validate_names_missing_interpreter_when_sglang_python_wrong() -> No
     proc = _cli("--sglang-python", "/nonexistent/python", "--", *MISSION_3)
     assert proc.returncode == 2
     assert "make sglang-venv" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_finding_code_is_documented_when_docs_validation_read() -> None:
+    """docs/validation.md lists every error and warning code the validator can emit."""
+    source = "\n".join(p.read_text() for p in (Path(__file__).parents[2] / "workers" / "sglang").glob("*.py"))
+    codes = set(re.findall(r'(?:Finding|\.fail|ArgvError)\(\s*"([a-z_0-9]+)"', source))
+    codes |= set(re.findall(r'code = "([a-z_]+)"', source))
+    codes |= {"removed_flag", "unknown_flag"}
+    docs = (Path(__file__).parents[2] / "docs" / "validation.md").read_text()
+    assert len(codes) > 20
+    missing = sorted(code for code in codes if f"`{code}`" not in docs)
+    assert not missing, f"undocumented validation codes: {missing}"
