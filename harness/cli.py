@@ -19,7 +19,11 @@ from specsweep.errors import SpecsweepError
 # Subcommand name -> module under harness.commands defining COMMAND. Order is the help order.
 COMMAND_MODULES: dict[str, str] = {
     "validate": "validate",
+    "convert": "convert",
     "load": "load",
+    "sql": "sql",
+    "best": "best",
+    "report": "report",
 }
 
 log = logging.getLogger("specsweep")
