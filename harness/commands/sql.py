@@ -1,0 +1,118 @@
+"""``specsweep sql OUT ["QUERY"]``: DuckDB over a sweep's results; no query opens a small shell.
+
+The connection is in-memory and only reads the committed Parquet files, so it is safe to run next
+to a sweep that is still writing (it takes no lock and never opens ``queue.sqlite``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.commands.base import Command
+from specsweep.errors import ResultsError
+
+if TYPE_CHECKING:
+    import duckdb
+
+PROMPT = "specsweep> "
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", type=Path, metavar="OUT", help="the sweep's output directory")
+    parser.add_argument(
+        "query",
+        nargs="?",
+        help="one SQL query over the views sweep, jobs, levels, requests, results, request_metrics, "
+        "acceptance_by_position; without it, read queries from stdin (end each with ';')",
+    )
+    parser.add_argument("--max-rows", type=int, default=100, help="rows to print (default 100)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis.views import connect
+
+    con = connect(args.out)  # refuses a directory without results before any shell opens
+    try:
+        if args.query is not None:
+            print(_run_query(con, args.query, args.max_rows))
+            return 0
+        return _shell(con, args.max_rows)
+    finally:
+        con.close()
+
+
+def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int) -> str:
+    """The query's result as a text table; a bad query is a user error, not a traceback."""
+    import duckdb
+
+    try:
+        relation = con.sql(query)
+        if relation is None:
+            return "OK"
+        return _format(relation.columns, relation.limit(max_rows + 1).fetchall(), max_rows)
+    except duckdb.Error as err:
+        raise ResultsError(
+            f"query failed: {err}",
+            where="QUERY",
+            fix="check the SQL; `SELECT * FROM information_schema.columns` lists every view's columns",
+        ) from None
+
+
+def _format(columns: list[str], rows: list[tuple], max_rows: int) -> str:
+    """Columns aligned, cut at max_rows with a note."""
+    shown = rows[:max_rows]
+    cells = [[_cell(v) for v in row] for row in shown]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    lines.append(
+        f"({len(shown)} row{'s' if len(shown) != 1 else ''}{', more not shown' if len(rows) > max_rows else ''})"
+    )
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _shell(con: duckdb.DuckDBPyConnection, max_rows: int) -> int:
+    """Read ';'-terminated queries from stdin until EOF; a failed query prints its error and goes on."""
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("views: sweep, jobs, levels, requests, results, request_metrics, acceptance_by_position")
+        print("end each query with ';', Ctrl-D to quit")
+    buffer: list[str] = []
+    status = 0
+    while True:
+        if interactive:
+            print(PROMPT if not buffer else "      ...> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        buffer.append(line)
+        if line.rstrip().endswith(";"):
+            query = "".join(buffer).strip().rstrip(";")
+            buffer.clear()
+            try:
+                print(_run_query(con, query, max_rows))
+            except ResultsError as err:
+                print(f"error: {err.problem}", file=sys.stderr)
+                status = 2
+    return status
+
+
+COMMAND = Command(
+    name="sql",
+    help="query a sweep's results with DuckDB (views: sweep, jobs, levels, requests, results, ...)",
+    add_arguments=add_arguments,
+    run=run,
+)
