@@ -400,8 +400,8 @@ class _Resampler:
         aggregate = self._metric.aggregate
         if isinstance(aggregate, Rate):
             scale = run.duration_s * (run.gpus if aggregate.per_gpu else 1)
-            return self._rate_replicates(values, counts) / scale
-        return self._quantile_replicates(values, aggregate.q)  # type: ignore[union-attr]
+            return rate_replicates(self._rng, values, counts, self._replicates) / scale
+        return quantile_replicates(self._rng, values, aggregate.q, self._replicates)  # type: ignore[union-attr]
 
     def _load(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
         """Per (job, level): distinct per-request values ascending and how many requests had each.
@@ -439,28 +439,38 @@ class _Resampler:
         }
         return self._samples
 
-    def _rate_replicates(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Replicates of the sum over n requests resampled with replacement (values ascending)."""
-        n = int(counts.sum())
-        edges = np.linspace(values[0], values[-1], RATE_BINS + 1)
-        bins = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, RATE_BINS - 1)
-        bin_counts = np.bincount(bins, weights=counts, minlength=RATE_BINS)
-        bin_sums = np.bincount(bins, weights=values * counts, minlength=RATE_BINS)
-        used = bin_counts > 0
-        means = bin_sums[used] / bin_counts[used]
-        draws = self._rng.multinomial(n, bin_counts[used] / n, size=self._replicates)
-        return draws @ means
 
-    def _quantile_replicates(self, values: np.ndarray, q: float) -> np.ndarray:
-        """Replicates of quantile_cont(values, q) over resamples (values ascending)."""
-        n = len(values)
-        if n == 1:
-            return np.full(self._replicates, values[0])
-        h = (n - 1) * q  # 0-based interpolation position
-        k = int(np.floor(h)) + 1  # 1-based lower order statistic
-        frac = h - (k - 1)
-        u_low = self._rng.beta(k, n + 1 - k, self._replicates)
-        u_high = u_low + (1 - u_low) * self._rng.beta(1, n - k, self._replicates) if k < n else u_low
-        low = values[np.clip(np.ceil(u_low * n).astype(int) - 1, 0, n - 1)]
-        high = values[np.clip(np.ceil(u_high * n).astype(int) - 1, 0, n - 1)]
-        return low + frac * (high - low)
+def rate_replicates(
+    rng: np.random.Generator, values: np.ndarray, counts: np.ndarray, replicates: int
+) -> np.ndarray:
+    """Bootstrap replicates of the sum over n = sum(counts) requests resampled with replacement.
+
+    ``values`` ascending, ``counts[i]`` requests had ``values[i]``. Values are grouped into
+    RATE_BINS bins, each represented by its mean; the multinomial draw of bin counts is the resample.
+    """
+    n = int(counts.sum())
+    edges = np.linspace(values[0], values[-1], RATE_BINS + 1)
+    bins = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, RATE_BINS - 1)
+    bin_counts = np.bincount(bins, weights=counts, minlength=RATE_BINS)
+    bin_sums = np.bincount(bins, weights=values * counts, minlength=RATE_BINS)
+    used = bin_counts > 0
+    means = bin_sums[used] / bin_counts[used]
+    draws = rng.multinomial(n, bin_counts[used] / n, size=replicates)
+    return draws @ means
+
+
+def quantile_replicates(
+    rng: np.random.Generator, values: np.ndarray, q: float, replicates: int
+) -> np.ndarray:
+    """Bootstrap replicates of ``quantile_cont(values, q)`` (values ascending), via uniform order stats."""
+    n = len(values)
+    if n == 1:
+        return np.full(replicates, values[0])
+    h = (n - 1) * q  # 0-based interpolation position
+    k = int(np.floor(h)) + 1  # 1-based lower order statistic
+    frac = h - (k - 1)
+    u_low = rng.beta(k, n + 1 - k, replicates)
+    u_high = u_low + (1 - u_low) * rng.beta(1, n - k, replicates) if k < n else u_low
+    low = values[np.clip(np.ceil(u_low * n).astype(int) - 1, 0, n - 1)]
+    high = values[np.clip(np.ceil(u_high * n).astype(int) - 1, 0, n - 1)]
+    return low + frac * (high - low)

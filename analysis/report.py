@@ -1,0 +1,387 @@
+"""The HTML report: one self-contained file with the winner, its command, tables, and plots.
+
+Rendering only: the numbers come from ``analysis.select`` (the ranking) and the DuckDB views. Plots
+are matplotlib SVG inlined into the page; a Content-Security-Policy forbids every fetch, so the file
+opens the same offline, from an e-mail, or years later.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from analysis.select import Selection
+
+if TYPE_CHECKING:
+    import duckdb
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+# Every plot the report draws: element id -> caption. Tests check each is present.
+PLOTS: dict[str, str] = {
+    "plot-throughput": "Output tokens/s per GPU vs concurrency (dashed: no-speculation baseline)",
+    "plot-tpot": "Median TPOT vs concurrency (dashed: baseline)",
+    "plot-accept-length": "Accept length distribution per config (all levels)",
+    "plot-acceptance-position": "Per-position acceptance from the correct-drafts histogram",
+    "plot-latency-cdf": "TTFT and TPOT CDFs per config",
+    "plot-pareto": "Pareto front: per-user tokens/s vs tokens/s per GPU (each point a config x level)",
+}
+CDF_POINTS = 101
+_METADATA = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)  # RDF boilerplate, not needed
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
+h1 { margin-bottom: 0.2rem; } .meta { color: #666; }
+table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.9rem; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
+th:first-child, td:first-child, td.label { text-align: left; }
+.winner { background: #eef8ee; border: 1px solid #9c9; padding: 0.8rem 1rem; margin: 0.8rem 0; }
+pre { white-space: pre-wrap; word-break: break-all; background: #f6f6f6; padding: 0.6rem; }
+.note { color: #a60; } figure { margin: 1.5rem 0; } figcaption { font-weight: 600; }
+tr.tie td { color: #555; } tr.excluded td { color: #999; }
+"""
+
+
+def render_report(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
+    """The report page for ``selection`` over the results behind ``con``."""
+    colors = _config_colors(con)
+    sections = [
+        _header(con, selection),
+        _winners(selection),
+        _tables(selection),
+        _figure("plot-throughput", _throughput_plot(con, colors)),
+        _figure("plot-tpot", _tpot_plot(con, colors)),
+        _figure("plot-accept-length", _accept_length_plot(con, colors)),
+        _figure("plot-acceptance-position", _acceptance_position_plot(con, colors)),
+        _figure("plot-latency-cdf", _latency_cdf_plot(con, colors, _cdf_level(selection))),
+        _figure("plot-pareto", _pareto_plot(con, colors)),
+    ]
+    title = f"specsweep report: {html.escape(selection.sweep_id)}"
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{_CSP}\">"
+        f"<title>{title}</title><style>{_STYLE}</style></head><body>\n"
+        + "\n".join(sections)
+        + "\n</body></html>\n"
+    )
+
+
+def write_report(page: str, path: Path) -> Path:
+    """Write the page atomically (temporary name in the same directory, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------
+# Text sections
+# ---------------------------------------------------------------------------------------------------
+
+
+def _header(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
+    rows = con.sql(
+        "SELECT specsweep_version, sglang_version, ray_version, host, client_delay_p50_us, "
+        "client_delay_p99_us FROM sweep LIMIT 1"
+    ).fetchall()
+    meta = ""
+    if rows:
+        ver, sglang, ray, host, p50, p99 = rows[0]
+        meta = (
+            f"specsweep {ver}, SGLang {sglang}, Ray {ray}, host {host}; client-added delay "
+            f"p50 {_fmt(p50)} µs, p99 {_fmt(p99)} µs"
+        )
+    slos = ", ".join(selection.slos) or "none"
+    notes = "".join(f"<p class='note'>note: {html.escape(n)}</p>" for n in selection.notes)
+    return (
+        f"<h1>specsweep report: {html.escape(selection.sweep_id)}</h1>"
+        f"<p class='meta'>{html.escape(meta)}<br>generated {time.strftime('%Y-%m-%d %H:%M:%S')}; "
+        f"ranked by {html.escape(selection.objective)} ({html.escape(selection.objective_unit)}, "
+        f"{selection.better} is better); SLOs: {html.escape(slos)}; 95% intervals from "
+        f"{selection.replicates} bootstrap resamples of requests</p>{notes}"
+    )
+
+
+def _winners(selection: Selection) -> str:
+    parts = ["<section id='winner'><h2>Winner per load level</h2>"]
+    for level in selection.levels:
+        w = level.winner
+        if w is None:
+            parts.append(
+                f"<div class='winner'><b>{html.escape(level.load_level)}</b>: no config meets every SLO</div>"
+            )
+            continue
+        speedup = (
+            f"{w.speedup:.3f}x vs baseline" + (f" (95% CI {_ci(w.speedup_ci)})" if w.speedup_ci else "")
+            if w.speedup is not None
+            else "no baseline measured"
+        )
+        ties = [r.config_label for r in level.ranked if r.tie]
+        tie_text = f"; statistically tied with {', '.join(ties)}" if ties else ""
+        parts.append(
+            f"<div class='winner' data-level='{html.escape(level.load_level)}'>"
+            f"<b>{html.escape(level.load_level)}</b>: "
+            f"<span class='winner-label'>{html.escape(w.config_label)}</span>, "
+            f"{html.escape(selection.objective)} = {_fmt(w.objective)}, {html.escape(speedup)}"
+            f"{html.escape(tie_text)}<pre>{html.escape(w.launch_command or '(launch command unknown)')}</pre>"
+            "</div>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _tables(selection: Selection) -> str:
+    parts = ["<section id='configs'><h2>Configs per load level</h2>"]
+    slo_names = [s.split("<")[0].split(">")[0] for s in selection.slos]
+    for level in selection.levels:
+        head = "".join(f"<th>{html.escape(n)}</th>" for n in slo_names)
+        parts.append(
+            f"<h3>{html.escape(level.load_level)}</h3><table><tr><th>#</th><th>config</th>"
+            f"<th>{html.escape(selection.objective)}</th><th>MAD</th><th>repeats</th><th>speedup</th>"
+            f"<th>95% CI</th>{head}<th>note</th></tr>"
+        )
+        for r in level.ranked:
+            note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
+            cells = "".join(f"<td>{_fmt(r.slo_values.get(n))}</td>" for n in slo_names)
+            speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
+            parts.append(
+                f"<tr class='{'tie' if r.tie else ''}'><td>{r.rank}</td>"
+                f"<td class='label'>{html.escape(r.config_label)}</td><td>{_fmt(r.objective)}</td>"
+                f"<td>{_fmt(r.objective_mad)}</td><td>{r.repeats}</td><td>{speedup}</td>"
+                f"<td>{_ci(r.speedup_ci)}</td>{cells}<td>{note}{' baseline' if r.is_baseline else ''}</td></tr>"
+            )
+        for e in level.excluded:
+            parts.append(
+                f"<tr class='excluded'><td>-</td><td class='label'>{html.escape(e.config_label)}</td>"
+                f"<td colspan='{5 + len(slo_names)}' class='label'>excluded: "
+                f"{html.escape('; '.join(e.reasons))}</td><td></td></tr>"
+            )
+        parts.append("</table>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _ci(interval: object) -> str:
+    if interval is None:
+        return "-"
+    return f"[{interval.low:.3f}, {interval.high:.3f}]"  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------------
+
+
+def _figure(element_id: str, svg: str) -> str:
+    caption = html.escape(PLOTS[element_id])
+    return f"<figure id='{element_id}'><figcaption>{caption}</figcaption>{svg}</figure>"
+
+
+def _new_figure(width: float = 9.0, height: float = 4.2) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _svg(fig: Figure) -> str:
+    """The figure as inline SVG (text as paths: no fonts to fetch)."""
+    import matplotlib
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "specsweep"}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    return _METADATA.sub("", text[text.index("<svg") :])
+
+
+def _config_colors(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]:
+    """A stable color and line style per config label; baselines are black and dashed."""
+    from matplotlib import colormaps
+
+    rows = con.sql(
+        "SELECT config_label, bool_and(effective_speculative_algorithm IS NULL) FROM results "
+        "GROUP BY config_label ORDER BY config_label"
+    ).fetchall()
+    palette = colormaps["tab20"].colors
+    styles: dict[str, tuple[str, str]] = {}
+    index = 0
+    for label, baseline in rows:
+        if baseline:
+            styles[label] = ("#000000", "--")
+        else:
+            r, g, b = palette[index % len(palette)][:3]
+            styles[label] = (f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}", "-")
+            index += 1
+    return styles
+
+
+def _series(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, tuple[list[float], list[float]]]:
+    """Per config: concurrency and the median over repeats of ``column`` (closed-loop levels)."""
+    rows = con.sql(
+        f"SELECT config_label, concurrency, median({column}) FROM results "
+        "WHERE concurrency IS NOT NULL GROUP BY ALL ORDER BY config_label, concurrency"
+    ).fetchall()
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for label, concurrency, value in rows:
+        xs, ys = series.setdefault(label, ([], []))
+        xs.append(concurrency)
+        ys.append(value)
+    return series
+
+
+def _line_plot(
+    con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]], column: str, ylabel: str
+) -> str:
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for label, (xs, ys) in _series(con, column).items():
+        color, style = colors.get(label, ("#888888", "-"))
+        ax.plot(xs, ys, style, color=color, marker="o", markersize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return _svg(fig)
+
+
+def _legend(ax: Axes) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
+def _throughput_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+    return _line_plot(con, colors, "output_tok_s_per_gpu", "output tokens/s per GPU")
+
+
+def _tpot_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+    return _line_plot(con, colors, "tpot_p50_ms", "TPOT p50 (ms)")
+
+
+def _summed_lists(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, list[int]]:
+    """Per config: the element-wise sum of a histogram column over levels and repeats."""
+    rows = con.sql(
+        f"SELECT config_label, k, sum(v)::BIGINT FROM (SELECT config_label, unnest({column}) AS v, "
+        f"generate_subscripts({column}, 1) - 1 AS k FROM results WHERE {column} IS NOT NULL) "
+        "GROUP BY ALL ORDER BY config_label, k"
+    ).fetchall()
+    sums: dict[str, list[int]] = {}
+    for label, _k, value in rows:
+        sums.setdefault(label, []).append(value)
+    return sums
+
+
+def _accept_length_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+    from analysis.schema import ACCEPT_LENGTH_BIN_WIDTH
+
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for label, counts in _summed_lists(con, "accept_length_hist").items():
+        total = sum(counts) or 1
+        xs = [(i + 0.5) * ACCEPT_LENGTH_BIN_WIDTH for i in range(len(counts))]
+        color, _ = colors.get(label, ("#888888", "-"))
+        ax.plot(xs, [c / total for c in counts], color=color, drawstyle="steps-mid", label=label)
+    ax.set_xlabel("accept length (tokens per verify step, per request)")
+    ax.set_ylabel("fraction of requests")
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return _svg(fig)
+
+
+def _acceptance_position_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for label, steps in _summed_lists(con, "correct_drafts_histogram").items():
+        total = sum(steps) or 1
+        tail = [sum(steps[k:]) / total for k in range(1, len(steps))]
+        color, _ = colors.get(label, ("#888888", "-"))
+        ax.plot(range(1, len(steps)), tail, color=color, marker="o", markersize=3, label=label)
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(verify step accepts >= k drafts)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return _svg(fig)
+
+
+def _cdf_level(selection: Selection) -> str | None:
+    """The level the CDFs show: the only one asked for, else the highest load measured."""
+    return selection.levels[-1].load_level if selection.levels else None
+
+
+def _latency_cdf_plot(
+    con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]], level: str | None
+) -> str:
+    probs = [i / (CDF_POINTS - 1) for i in range(CDF_POINTS)]
+    fig = _new_figure(height=4.0)
+    axes = fig.subplots(1, 2)
+    if level is not None:
+        rows = con.sql(
+            "SELECT j.config_label, quantile_cont(r.ttft_ms, ?), quantile_cont(r.tpot_ms, ?) "
+            "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
+            "WHERE j.status = 'done' AND r.load_level = ? AND NOT r.warmup AND r.error_type IS NULL "
+            "GROUP BY j.config_label ORDER BY j.config_label",
+            params=[probs, probs, level],
+        ).fetchall()
+        for label, ttft, tpot in rows:
+            color, style = colors.get(label, ("#888888", "-"))
+            for ax, values in zip(axes, (ttft, tpot), strict=True):
+                if values is not None:
+                    ax.plot(values, probs, style, color=color, label=label)
+    for ax, name in zip(axes, ("TTFT (ms)", "TPOT (ms)"), strict=True):
+        ax.set_xlabel(name)
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"at {level}" if level else "no data", fontsize=9)
+        ax.grid(alpha=0.3)
+    _legend(axes[1])
+    return _svg(fig)
+
+
+def _pareto_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+    rows = con.sql(
+        "SELECT config_label, load_level, median(output_tok_s_per_user), median(output_tok_s_per_gpu) "
+        "FROM results GROUP BY ALL HAVING median(output_tok_s_per_user) IS NOT NULL "
+        "AND median(output_tok_s_per_gpu) IS NOT NULL"
+    ).fetchall()
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for label in sorted({r[0] for r in rows}):
+        xs = [r[2] for r in rows if r[0] == label]
+        ys = [r[3] for r in rows if r[0] == label]
+        color, _ = colors.get(label, ("#888888", "-"))
+        ax.scatter(xs, ys, s=14, color=color, label=label)
+    front = pareto_front([(r[2], r[3]) for r in rows])
+    if front:
+        ax.plot(
+            [p[0] for p in front], [p[1] for p in front], "-", color="#d62728", lw=1.5, label="Pareto front"
+        )
+    ax.set_xlabel("per-user output tokens/s (median over requests)")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return _svg(fig)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points not dominated in both coordinates (higher is better in both), by ascending x."""
+    front: list[tuple[float, float]] = []
+    best_y = float("-inf")
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if y > best_y:
+            front.append((x, y))
+            best_y = y
+    return sorted(front)
