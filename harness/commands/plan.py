@@ -1,0 +1,129 @@
+"""``specsweep plan SWEEP.yaml``: which jobs a sweep will run, and why each requested point is in or out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from harness.commands.base import Command
+from harness.plan import Plan, plan_sweep
+from harness.spec import SweepSpec, load_spec
+from specsweep.errors import SpecError
+
+
+def add_validation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``plan`` and ``run``: how the grid is validated."""
+    parser.add_argument(
+        "--sglang-python",
+        metavar="PATH",
+        help="interpreter with SGLang for validation (default: the spec's sglang_python when it exists "
+        "here, else .venv-sglang)",
+    )
+    parser.add_argument(
+        "--builtin-only",
+        action="store_true",
+        help="validate with the built-in rules only (no SGLang process)",
+    )
+    parser.add_argument(
+        "--target-config",
+        metavar="DIR",
+        help="local directory with the target's config.json (when model_path exists only on the nodes)",
+    )
+    parser.add_argument(
+        "--draft-config",
+        metavar="DIR",
+        help="local directory with the converted drafter's config.json "
+        "(when the drafter exists only on the nodes)",
+    )
+
+
+def _local_dir(path: str) -> str | None:
+    return path if (Path(path) / "config.json").is_file() else None
+
+
+def validated_plan(spec: SweepSpec, args: argparse.Namespace) -> Plan:
+    """Plan the sweep, validating with configs this machine can read: the drafter is converted here
+    (into the same node cache the workers use) when its checkpoint is local."""
+    target = args.target_config or _local_dir(spec.model_path)
+    draft = args.draft_config
+    if draft is None and spec.drafter is not None and _local_dir(spec.drafter.path):
+        from workers.node_actor import converted_drafter
+
+        draft = str(converted_drafter(spec.drafter, spec.model_path))
+    python = args.sglang_python
+    if python is None and spec.sglang_python and Path(spec.sglang_python).exists():
+        python = spec.sglang_python
+    return plan_sweep(
+        spec,
+        sglang_python=python,
+        use_resolver=not args.builtin_only,
+        target_config_dir=target,
+        draft_config_dir=draft,
+    )
+
+
+def require_jobs(plan: Plan, source: str) -> None:
+    """Refuse a plan in which no point survived validation, showing why."""
+    if plan.jobs:
+        return
+    reasons = "\n  ".join(f"{v.point.label}: {'; '.join(v.reasons) or 'invalid'}" for v in plan.dropped)
+    raise SpecError(
+        f"no valid point remains:\n  {reasons}", where=source, fix="correct base_args or the speculative grid"
+    )
+
+
+def _params(p: object) -> str:
+    if p is None:
+        return "-"
+    d = p.as_dict()  # type: ignore[attr-defined]
+    if d["speculative_algorithm"] is None:
+        return "no speculation"
+    text = (
+        f"{d['speculative_algorithm']} s={d['speculative_num_steps']} k={d['speculative_eagle_topk']} "
+        f"n={d['speculative_num_draft_tokens']}"
+    )
+    return text + (f" mrr={d['max_running_requests']}" if d["max_running_requests"] is not None else "")
+
+
+def print_plan(plan: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    jobs_of: dict[str, list[str]] = {}
+    for job in plan.jobs:
+        jobs_of.setdefault(job.config_id, []).append(job.job_id)
+    table = Table(title=f"sweep {plan.sweep_id}: {len(plan.jobs)} job(s)", title_justify="left")
+    for column in ("point", "requested", "effective", "status", "job id(s) / reasons"):
+        table.add_column(column, overflow="fold")
+    for v in plan.verdicts:
+        detail = ", ".join(jobs_of.get(v.config_id, [])) if v.config_id else "; ".join(v.reasons)
+        if v.config_id and v.reasons:
+            detail += "\n" + "; ".join(v.reasons)
+        table.add_row(v.point.label, _params(v.point.requested), _params(v.effective), v.status, detail)
+    Console().print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec, _ = load_spec(args.spec)
+    plan = validated_plan(spec, args)
+    if args.json:
+        print(json.dumps(plan.to_json_dict(), indent=2))
+    else:
+        print_plan(plan)
+    require_jobs(plan, args.spec)
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SWEEP.yaml", help="the sweep spec")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_validation_arguments(parser)
+
+
+COMMAND = Command(
+    name="plan",
+    help="expand and validate a sweep: requested -> effective config, status and job id of every point",
+    add_arguments=add_arguments,
+    run=run,
+)

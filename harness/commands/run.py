@@ -1,0 +1,65 @@
+"""``specsweep run SWEEP.yaml``: plan the sweep, then run it on a Ray cluster (or an embedded one)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.commands.base import Command
+from harness.commands.plan import add_validation_arguments, require_jobs, validated_plan
+from harness.plan import unchecked_plan
+from harness.spec import load_spec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SWEEP.yaml", help="the sweep spec")
+    parser.add_argument("--out", metavar="DIR", help="results directory (default: the spec's output_dir)")
+    parser.add_argument(
+        "--ray-address",
+        default="auto",
+        metavar="local|auto|ADDR",
+        help="local: start an embedded Ray; auto: the running cluster (as under `ray job submit`); or an "
+        "address (default: auto)",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the sweep already in --out")
+    parser.add_argument(
+        "--no-validate",
+        action="store_true",
+        help="run every grid point as written, without validation (SGLang itself judges each launch)",
+    )
+    add_validation_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.driver import run_sweep
+    from harness.progress import progress_for
+
+    spec, text = load_spec(args.spec)
+    plan = unchecked_plan(spec) if args.no_validate else validated_plan(spec, args)
+    require_jobs(plan, args.spec)
+    out = Path(args.out or spec.output_dir)
+    progress = progress_for(sys.stdout)
+    try:
+        summary = run_sweep(
+            spec, text, plan, out, ray_address=args.ray_address, resume=args.resume, progress=progress
+        )
+    finally:
+        progress.close()
+    counts = summary.counts
+    print(
+        f"sweep {plan.sweep_id}: done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} "
+        f"-> {out}"
+    )
+    if summary.interrupted:
+        print(f"interrupted: continue with `specsweep run {args.spec} --out {out} --resume`", file=sys.stderr)
+        return 130
+    return 1 if counts["failed"] else 0
+
+
+COMMAND = Command(
+    name="run",
+    help="run a sweep on a Ray cluster: every valid point, every load level, results as Parquet",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,514 @@
+"""Run a planned sweep on a Ray cluster and survive what a cluster does to it.
+
+One placement group ``[{"GPU": g, "CPU": c}]`` (STRICT_PACK: one server's GPUs on one node) per server
+slot, one ``NodeWorker`` actor in each (``max_restarts=0, max_task_retries=0``: the queue, not Ray,
+decides about retries). The driver leases a job from the SQLite queue, calls the slot's worker, and on
+the answer commits the attempt's files and marks the job done - only while the lease token still
+holds, so a late answer of a job that was handed elsewhere is ignored. A worker whose node dies
+(``RayActorError``) loses its lease; the job is requeued and the actor replaced (its placement group
+comes back when a node can hold it). SIGINT/SIGTERM stop the servers, release the leases and exit;
+``--resume`` continues from the queue. A named Ray actor (plus a file lock) keeps a second driver off
+the same sweep.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import math
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from harness.plan import Plan
+from harness.progress import Progress, SlotView, SweepView
+from harness.queue import JobQueue, Lease
+from harness.results import (
+    claim_output_dir,
+    commit_attempt,
+    commit_lost_attempt,
+    is_committed,
+    write_sweep_row,
+)
+from harness.retry import allowed_failures
+from harness.spec import SweepSpec
+from specsweep.errors import ClusterError
+from workers.job import AttemptResult, JobSpec
+from workers.node_actor import NodeWorker
+from workers.sglang import SGLANG_VERSION
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "specsweep"
+POLL_S = 0.2
+MAX_ACTOR_START_FAILURES = 5  # a slot whose worker cannot even start this many times in a row is given up
+ATTEMPT_MARGIN_S = 120.0  # on top of the job's own stage limits before the driver gives up on a worker
+
+
+@ray.remote(num_cpus=0)
+class DriverLock:
+    """Held (by name) while a driver runs a sweep; the name frees itself when the driver dies."""
+
+    def __init__(self, holder: str) -> None:
+        self._holder = holder
+
+    def holder(self) -> str:
+        return self._holder
+
+
+@dataclass
+class Slot:
+    """One server slot: its placement group, its worker, and what it is doing."""
+
+    index: int
+    group: Any  # PlacementGroup
+    actor: Any = None
+    ready_ref: Any = None
+    job_ref: Any = None
+    lease: Lease | None = None
+    job: JobSpec | None = None
+    state: str = "placing"  # placing | idle | busy | lost
+    node: str | None = None
+    since: float = field(default_factory=time.monotonic)
+    deadline: float = math.inf
+    start_failures: int = 0
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+        self.since = time.monotonic()
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSummary:
+    """How the run ended."""
+
+    counts: dict[str, int]
+    interrupted: bool
+
+
+@contextmanager
+def _file_lock(out: Path) -> Iterator[None]:
+    """An exclusive lock on OUT, so two drivers on one machine cannot share a queue."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".driver.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ClusterError(
+                "another driver is running a sweep in this output directory",
+                where=str(out),
+                fix="wait for it to finish (specsweep status OUT), or stop it first",
+            ) from None
+        yield
+
+
+def _connect(address: str, spec: SweepSpec) -> bool:
+    """Connect to (or start) Ray; True when this call started it (and must shut it down)."""
+    if ray.is_initialized():
+        return False
+    if address == "local":
+        # The simulator needs no GPUs: declare enough for the slots. SGLang uses what Ray detects.
+        gpus = spec.gpus_per_server * (spec.max_servers or 2) if spec.engine == "sim" else None
+        cpus = max(2, spec.cpus_per_server * (spec.max_servers or 2))
+        ray.init(
+            address="local",
+            namespace=NAMESPACE,
+            num_gpus=gpus,
+            num_cpus=cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    else:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    return True
+
+
+def _acquire_driver_lock(sweep_id: str, out: Path) -> Any:
+    name = f"specsweep-driver-{sweep_id}"
+    holder = f"{socket.gethostname()}:{out.resolve()}"
+    try:
+        lock = DriverLock.options(name=name, namespace=NAMESPACE).remote(holder)
+        ray.get(lock.holder.remote())
+    except ValueError as err:  # the name is taken: another driver holds the sweep
+        other = ray.get(ray.get_actor(name, namespace=NAMESPACE).holder.remote())
+        raise ClusterError(
+            f"another driver is running sweep {sweep_id} on this cluster (held by {other})",
+            fix="wait for it to finish, or stop it (ray job stop) before starting another",
+        ) from err
+    return lock
+
+
+def _cluster_gpus() -> list[tuple[str, float, float]]:
+    """(node address, GPUs, CPUs) of every alive node."""
+    return [
+        (node["NodeManagerAddress"], node["Resources"].get("GPU", 0.0), node["Resources"].get("CPU", 0.0))
+        for node in ray.nodes()
+        if node["Alive"]
+    ]
+
+
+def _slot_capacity(spec: SweepSpec) -> int:
+    """How many servers the alive nodes can hold at once."""
+    return sum(
+        min(int(gpus // spec.gpus_per_server), int(cpus // spec.cpus_per_server))
+        for _, gpus, cpus in _cluster_gpus()
+    )
+
+
+def _placement_error(spec: SweepSpec, waited_s: float) -> ClusterError:
+    nodes = _cluster_gpus()
+    gpus = [int(g) for _, g, _ in nodes]
+    return ClusterError(
+        f"no server slot could be placed within {waited_s:.0f} s: each server asks for {spec.gpus_per_server} "
+        f"GPUs and {spec.cpus_per_server} CPUs on ONE node (gpus_per_server, STRICT_PACK); the cluster has "
+        f"{len(nodes)} alive node(s) with GPUs {gpus or 'none'} ({sum(gpus)} in total, at most "
+        f"{max(gpus, default=0)} on one node)",
+        fix=f"set gpus_per_server to at most {max(gpus, default=0)} (with a matching --tp-size), add nodes with "
+        f"{spec.gpus_per_server} GPUs, or raise timeouts.placement_s if nodes are still joining",
+    )
+
+
+class Driver:
+    """The dispatch loop over slots and the queue (one thread: the queue's only writer)."""
+
+    def __init__(self, spec: SweepSpec, plan: Plan, out: Path, queue: JobQueue, progress: Progress) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.out = out
+        self.queue = queue
+        self.progress = progress
+        self.jobs = {job.job_id: job for job in plan.jobs}
+        self.slots: list[Slot] = []
+        self._stop_signal: int | None = None
+        self._job_seconds: list[float] = []
+        self._worker_class = ray.remote(NodeWorker)
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    def run(self) -> SweepSummary:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._create_slots()
+            return self._loop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._teardown()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stop_signal = signum
+
+    def _create_slots(self) -> None:
+        pending = self.queue.counts()["pending"]
+        count = max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, pending))
+        bundle = {"GPU": float(self.spec.gpus_per_server), "CPU": float(self.spec.cpus_per_server)}
+        for index in range(count):
+            slot = Slot(index=index, group=placement_group([bundle], strategy="STRICT_PACK"))
+            self.slots.append(slot)
+            self._start_worker(slot)
+        self.progress.event(
+            f"{count} server slot(s) of {self.spec.gpus_per_server} GPUs for {pending} pending job(s)"
+        )
+
+    def _start_worker(self, slot: Slot) -> None:
+        slot.actor = self._worker_class.options(
+            num_gpus=self.spec.gpus_per_server,
+            num_cpus=self.spec.cpus_per_server,
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=2,  # cancel() runs beside run_job()
+            scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, placement_group_bundle_index=0),
+        ).remote(str(self.out.resolve()), slot.index)
+        slot.ready_ref = slot.actor.ready.remote()
+        slot.set_state("placing")
+
+    def _replace_worker(self, slot: Slot) -> None:
+        try:
+            ray.kill(slot.actor, no_restart=True)
+        except Exception:  # an actor on an unreachable node cannot be killed; its lease is fenced anyway
+            log.debug("ray.kill failed for slot %d", slot.index, exc_info=True)
+        slot.job_ref = slot.lease = slot.job = None
+        slot.deadline = math.inf
+        slot.node = None
+        self._start_worker(slot)
+
+    def _teardown(self) -> None:
+        for slot in self.slots:
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:
+                log.debug("ray.kill failed for slot %d", slot.index, exc_info=True)
+            remove_placement_group(slot.group)
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def _loop(self) -> SweepSummary:
+        started = time.monotonic()
+        last_alive = started
+        while True:
+            if self._stop_signal is not None:
+                self._stop(signal.Signals(self._stop_signal).name)
+                return SweepSummary(self.queue.counts(), interrupted=True)
+            counts = self.queue.counts()
+            if counts["pending"] == 0 and not any(s.state == "busy" for s in self.slots):
+                return SweepSummary(counts, interrupted=False)
+            self._dispatch()
+            self._wait_and_handle()
+            self._check_deadlines()
+            now = time.monotonic()
+            if any(s.state in ("idle", "busy") for s in self.slots):
+                last_alive = now
+            elif now - last_alive > self.spec.timeouts.placement_s:
+                raise _placement_error(self.spec, now - last_alive)
+            self.progress.update(self._view())
+
+    def _dispatch(self) -> None:
+        alive = sum(1 for s in self.slots if s.state in ("idle", "busy"))
+        for slot in self.slots:
+            if slot.state != "idle":
+                continue
+            lease = self.queue.lease(slot.index, other_slots=alive > 1)
+            if lease is None:
+                continue
+            job = self.jobs.get(lease.job_id) or JobSpec.model_validate_json(lease.payload)
+            slot.lease, slot.job = lease, job
+            slot.job_ref = slot.actor.run_job.remote(lease.payload, lease.attempt, lease.token)
+            slot.deadline = time.monotonic() + self._attempt_budget(job)
+            slot.set_state("busy")
+            self.progress.event(
+                f"start  {job.config_label} r{job.repeat_index} ({job.job_id}) attempt {lease.attempt} "
+                f"on slot {slot.index} ({slot.node})"
+            )
+
+    @staticmethod
+    def _attempt_budget(job: JobSpec) -> float:
+        levels = len(job.load.concurrency) + len(job.load.rates)
+        t = job.timeouts
+        return t.startup_s + levels * t.level_s + 2 * t.stop_s + ATTEMPT_MARGIN_S
+
+    def _wait_and_handle(self) -> None:
+        refs = {}
+        for slot in self.slots:
+            if slot.state == "placing" and slot.ready_ref is not None:
+                refs[slot.ready_ref] = slot
+            elif slot.state == "busy":
+                refs[slot.job_ref] = slot
+        if not refs:
+            time.sleep(POLL_S)
+            return
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
+        for ref in done:
+            slot = refs[ref]
+            if slot.state == "placing":
+                self._on_ready(slot, ref)
+            else:
+                self._on_job_answer(slot, ref)
+
+    def _on_ready(self, slot: Slot, ref: Any) -> None:
+        try:
+            info = ray.get(ref)
+        except RayActorError as err:
+            slot.start_failures += 1
+            if slot.start_failures >= MAX_ACTOR_START_FAILURES:
+                slot.set_state("lost")
+                self.progress.event(
+                    f"slot {slot.index}: worker failed to start {slot.start_failures} times: {err}"
+                )
+                self.queue.event("slot_lost", f"slot {slot.index}: {err}")
+                return
+            self._replace_worker(slot)
+            return
+        slot.ready_ref = None
+        slot.start_failures = 0
+        slot.node = info["node_host"]
+        slot.set_state("idle")
+        self.queue.event("slot_ready", f"slot {slot.index} on {info['node_host']} ({info['node_id'][:12]})")
+        self.progress.event(f"slot {slot.index} ready on {info['node_host']} (node {info['node_id'][:12]})")
+
+    def _on_job_answer(self, slot: Slot, ref: Any) -> None:
+        lease, job = slot.lease, slot.job
+        assert lease is not None and job is not None  # a busy slot always holds both
+        try:
+            result: AttemptResult = ray.get(ref)
+        except RayActorError as err:
+            self._worker_lost(slot, "node_lost", f"worker lost: {type(err).__name__}: {err}")
+            return
+        except RayTaskError as err:
+            self._free(slot)
+            self._record_failure(lease, job, "worker_error", str(err)[-2000:], None, None)
+            return
+        self._free(slot)
+        if result.error_class == "cancelled":
+            self.queue.release(lease, "stopped by the driver")
+            return
+        if not result.ok:
+            self._record_failure(
+                lease, job, result.error_class or "crash", result.error_text or "", result.log_tail, result
+            )
+            return
+        if not self.queue.holds(lease.job_id, lease.token):
+            self.queue.event("stale_result", f"attempt {lease.attempt} ignored: lease gone", lease.job_id)
+            return
+        commit_attempt(self.out, job.sweep_id, result, ("requests", "levels", "jobs"))
+        self.queue.complete(lease, node=result.node_host)
+        self._job_seconds.append(time.monotonic() - slot.since)
+        self.progress.event(
+            f"done   {job.config_label} r{job.repeat_index} ({job.job_id}) on {result.node_host}"
+        )
+
+    def _free(self, slot: Slot) -> None:
+        slot.job_ref = slot.lease = slot.job = None
+        slot.deadline = math.inf
+        slot.set_state("idle")
+
+    def _worker_lost(self, slot: Slot, error_class: str, message: str) -> None:
+        """The worker (or its node) is gone or hung: fail the attempt, replace the worker."""
+        lease, job = slot.lease, slot.job
+        self.progress.event(f"slot {slot.index} ({slot.node}): {message}")
+        self.queue.event("slot_lost", f"slot {slot.index} on {slot.node}: {message}")
+        self._replace_worker(slot)
+        if lease is not None and job is not None:
+            self._record_failure(lease, job, error_class, message, None, None)
+
+    def _record_failure(
+        self,
+        lease: Lease,
+        job: JobSpec,
+        error_class: str,
+        message: str,
+        log_tail: str | None,
+        result: AttemptResult | None,
+    ) -> None:
+        """Apply the retry policy; a final failure gets its jobs row (committed before the state)."""
+        if not self.queue.holds(lease.job_id, lease.token):
+            self.queue.event("stale_result", f"attempt {lease.attempt} ignored: lease gone", lease.job_id)
+            return
+        allowed = allowed_failures(error_class, self.spec.retries)
+        final = self.queue.failures(lease.job_id) + 1 > allowed
+        if final:
+            if result is not None:
+                commit_attempt(self.out, job.sweep_id, result, ("jobs",))
+            else:
+                commit_lost_attempt(self.out, job, lease.attempt, error_class, message)
+        self.queue.fail(
+            lease,
+            error_class=error_class,
+            error_text=message,
+            log_tail=log_tail,
+            node=result.node_host if result else None,
+            retry_limit=allowed,
+        )
+        verdict = "FAILED" if final else "retry "
+        self.progress.event(
+            f"{verdict} {job.config_label} r{job.repeat_index} ({job.job_id}) attempt {lease.attempt}: "
+            f"{error_class}: {message.splitlines()[0] if message else ''}"
+        )
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.state == "busy" and now > slot.deadline:
+                self._worker_lost(
+                    slot, "attempt_timeout", "the worker did not answer within the job's time limits"
+                )
+
+    def _stop(self, reason: str) -> None:
+        """Stop every server, release every lease; results that arrive meanwhile are still committed."""
+        self.progress.event(f"{reason}: stopping servers and releasing leases")
+        self.queue.event("driver_stop", reason)
+        busy = [s for s in self.slots if s.state == "busy"]
+        for slot in busy:
+            slot.actor.cancel.remote()
+        deadline = time.monotonic() + self.spec.timeouts.stop_s + 15.0
+        while any(s.state == "busy" for s in busy) and time.monotonic() < deadline:
+            refs = {s.job_ref: s for s in busy if s.state == "busy"}
+            done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
+            for ref in done:
+                self._on_job_answer(refs[ref], ref)
+        for slot in busy:
+            if slot.state == "busy" and slot.lease is not None:
+                self.queue.release(slot.lease, f"driver stopped ({reason})")
+
+    def _view(self) -> SweepView:
+        counts = self.queue.counts()
+        alive = max(1, sum(1 for s in self.slots if s.state in ("idle", "busy")))
+        mean = sum(self._job_seconds) / len(self._job_seconds) if self._job_seconds else None
+        eta = None if mean is None else (counts["pending"] + counts["leased"]) * mean / alive
+        slots = tuple(
+            SlotView(
+                index=s.index,
+                state=s.state,
+                node=s.node,
+                job=f"{s.job.config_label} r{s.job.repeat_index} attempt {s.lease.attempt}"
+                if s.job and s.lease
+                else None,
+                since=s.since,
+            )
+            for s in self.slots
+        )
+        return SweepView(counts=counts, slots=slots, eta_s=eta)
+
+
+def _prepare_queue(queue: JobQueue, plan: Plan, out: Path, progress: Progress) -> int:
+    """Add the plan's jobs (ids already there are kept) and settle jobs a dead driver left leased:
+    committed ones are done, the others pending again. Returns the sweep's creation time."""
+    created = queue.get_meta("created_ns")
+    if created is None:
+        created = str(time.time_ns())
+        queue.set_meta("created_ns", created)
+        queue.set_meta("sweep_id", plan.sweep_id)
+    queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json()) for job in plan.jobs])
+    for job_id in queue.ids_in("leased"):
+        if is_committed(out, plan.sweep_id, job_id):
+            queue.mark_done(job_id, "results were committed before the previous driver stopped")
+    queue.requeue(("leased",), "the previous driver stopped while the job ran")
+    counts = queue.counts()
+    progress.event(
+        f"sweep {plan.sweep_id}: {len(plan.jobs)} job(s); done {counts['done']}, failed {counts['failed']}, "
+        f"pending {counts['pending']}"
+    )
+    return int(created)
+
+
+def run_sweep(
+    spec: SweepSpec,
+    spec_text: str,
+    plan: Plan,
+    out: Path,
+    *,
+    ray_address: str,
+    resume: bool,
+    progress: Progress,
+) -> SweepSummary:
+    """Run (or resume) a planned sweep into ``out``; see the module docstring."""
+    if not plan.jobs:
+        raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
+    with _file_lock(out):
+        claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
+        started_ray = _connect(ray_address, spec)
+        queue = JobQueue(out)
+        lock = None
+        try:
+            lock = _acquire_driver_lock(plan.sweep_id, out)
+            created = _prepare_queue(queue, plan, out, progress)
+            write_sweep_row(out, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created)
+            queue.event("driver_start", f"{socket.gethostname()} ray {ray.__version__}")
+            summary = Driver(spec, plan, out, queue, progress).run()
+            queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
+            return summary
+        finally:
+            if lock is not None:
+                ray.kill(lock)
+            queue.close()
+            if started_ray:
+                ray.shutdown()

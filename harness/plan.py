@@ -1,0 +1,229 @@
+"""From a spec to an ordered list of jobs: expand the grid, validate, drop, collapse, order.
+
+Every grid point becomes an SGLang launch command and all of them are validated in one SGLang process
+(``validate_many``). Invalid points are dropped with SGLang's and the project's reasons. Points that
+SGLang would run identically (say topk 1 with 16 draft tokens and 1 step, which SGLang rewrites to 2
+draft tokens) collapse into one job that says which requested points it serves, so no GPU hour is
+spent measuring the same server twice. Job ids hash the effective config, the load plan and the
+repeat index: the same sweep always gives the same ids, which makes resume and result files
+idempotent. Nothing here touches the disk apart from the validator reading model configs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from harness.spec import SweepSpec
+from workers.job import JobSpec, launch_args
+from workers.sglang import SpecParams, ValidationReport, validate_many
+
+BASELINE_LABEL = "baseline"
+
+
+@dataclass(frozen=True, slots=True)
+class GridPoint:
+    """One requested configuration, as the user wrote it."""
+
+    label: str
+    requested: SpecParams
+
+
+@dataclass(frozen=True, slots=True)
+class PointVerdict:
+    """What the validator made of one grid point; ``config_id`` is None for a dropped point."""
+
+    point: GridPoint
+    status: str  # "ok" | "adjusted" | "invalid" | "unchecked"
+    effective: SpecParams | None
+    reasons: tuple[str, ...]  # errors for invalid points, warnings otherwise
+    config_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The validated, collapsed, ordered sweep."""
+
+    sweep_id: str
+    verdicts: tuple[PointVerdict, ...]
+    jobs: tuple[JobSpec, ...]
+
+    @property
+    def dropped(self) -> tuple[PointVerdict, ...]:
+        return tuple(v for v in self.verdicts if v.config_id is None)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``specsweep plan --json`` object."""
+        return {
+            "sweep_id": self.sweep_id,
+            "points": [
+                {
+                    "label": v.point.label,
+                    "status": v.status,
+                    "requested": v.point.requested.as_dict(),
+                    "effective": v.effective.as_dict() if v.effective else None,
+                    "reasons": list(v.reasons),
+                    "config_id": v.config_id,
+                }
+                for v in self.verdicts
+            ],
+            "jobs": [
+                {
+                    "job_id": j.job_id,
+                    "config_id": j.config_id,
+                    "label": j.config_label,
+                    "repeat": j.repeat_index,
+                    "serves": list(j.requested_points),
+                    "effective": j.effective.as_dict(),
+                }
+                for j in self.jobs
+            ],
+        }
+
+
+def grid_points(spec: SweepSpec) -> list[GridPoint]:
+    """Every requested configuration: the baseline first, then the grid, then the chains."""
+    points = [GridPoint(BASELINE_LABEL, SpecParams())] if spec.baseline else []
+    grid = spec.speculative
+    if grid is None:
+        return points
+    for steps, topk, draft in itertools.product(grid.num_steps, grid.topk, grid.num_draft_tokens):
+        label = f"tree s={steps} k={topk} n={draft}"
+        points.append(GridPoint(label, SpecParams(grid.algorithm, steps, topk, draft)))
+    for depth in grid.chain_depths:
+        points.append(GridPoint(f"chain d={depth}", SpecParams(grid.algorithm, depth - 1, 1, depth)))
+    return points
+
+
+def _draft_path(spec: SweepSpec, params: SpecParams) -> str | None:
+    return spec.drafter.path if spec.drafter is not None and params.speculative_algorithm else None
+
+
+def point_argv(spec: SweepSpec, point: GridPoint) -> list[str]:
+    """The launch arguments a grid point asks for (what the validator checks)."""
+    return launch_args(spec.base_args, spec.model_path, point.requested, _draft_path(spec, point.requested))
+
+
+def _digest(value: Any, length: int) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:length]
+
+
+def effective_config(spec: SweepSpec, effective: SpecParams) -> dict[str, Any]:
+    """Everything that makes two servers different; equal dicts mean one server."""
+    speculative = effective.speculative_algorithm is not None
+    return {
+        "engine": spec.engine,
+        "model_path": spec.model_path,
+        "drafter": spec.drafter.model_dump() if spec.drafter is not None and speculative else None,
+        "base_args": list(spec.base_args),
+        "env": dict(sorted(spec.env.items())),
+        "gpus": spec.gpus_per_server,
+        "speculative": effective.as_dict(),
+    }
+
+
+def job_id(config: dict[str, Any], load: dict[str, Any], repeat: int) -> str:
+    """Deterministic id of one job: effective config + load plan + repeat index."""
+    return _digest({"config": config, "load": load, "repeat": repeat}, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class PointOutcome:
+    """The validator's verdict on one point, reduced to what the plan needs."""
+
+    status: str  # "ok" | "adjusted" | "invalid" | "unchecked"
+    effective: SpecParams | None
+    reasons: tuple[str, ...]
+
+
+def outcome_of(report: ValidationReport) -> PointOutcome:
+    """A validation report as a point outcome: errors for invalid points, warnings otherwise."""
+    invalid = report.status == "invalid" or report.effective is None
+    findings = report.errors if invalid else report.warnings
+    reasons = tuple(f.message + (f" (fix: {f.suggestion})" if f.suggestion else "") for f in findings)
+    return PointOutcome("invalid" if invalid else report.status, report.effective, reasons)
+
+
+def unchecked_outcome(point: GridPoint) -> PointOutcome:
+    """A point taken as written, without validation (``run --no-validate``): SGLang will judge it."""
+    return PointOutcome("unchecked", point.requested, ())
+
+
+def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOutcome]) -> Plan:
+    """Drop invalid points, collapse equal effective configs, order the jobs (pure: no I/O)."""
+    verdicts: list[PointVerdict] = []
+    configs: dict[str, dict[str, Any]] = {}  # config_id -> config, in first-seen order
+    served: dict[str, list[GridPoint]] = {}
+    effective_of: dict[str, SpecParams] = {}
+    for point, outcome in zip(points, outcomes, strict=True):
+        if outcome.status == "invalid" or outcome.effective is None:
+            verdicts.append(PointVerdict(point, "invalid", outcome.effective, outcome.reasons, None))
+            continue
+        config = effective_config(spec, outcome.effective)
+        config_id = _digest(config, 12)
+        configs.setdefault(config_id, config)
+        served.setdefault(config_id, []).append(point)
+        effective_of[config_id] = outcome.effective
+        verdicts.append(PointVerdict(point, outcome.status, outcome.effective, outcome.reasons, config_id))
+
+    load = spec.load.model_dump(mode="json")
+    jobs = []
+    for repeat in range(spec.repeats):  # every config once before any repeats: early results cover all
+        for config_id, config in configs.items():
+            first = served[config_id][0]
+            jobs.append(
+                JobSpec(
+                    sweep_id=spec.sweep_id(),
+                    job_id=job_id(config, load, repeat),
+                    config_id=config_id,
+                    config_label=first.label,
+                    repeat_index=repeat,
+                    engine=spec.engine,
+                    sglang_python=spec.sglang_python,
+                    model_path=spec.model_path,
+                    drafter=spec.drafter if effective_of[config_id].speculative_algorithm else None,
+                    base_args=tuple(spec.base_args),
+                    env=tuple(sorted(spec.env.items())),
+                    gpus=spec.gpus_per_server,
+                    requested=first.requested,
+                    effective=effective_of[config_id],
+                    requested_points=tuple(p.label for p in served[config_id]),
+                    load=spec.load,
+                    timeouts=spec.timeouts,
+                    seed=spec.seed,
+                )
+            )
+    return Plan(sweep_id=spec.sweep_id(), verdicts=tuple(verdicts), jobs=tuple(jobs))
+
+
+def plan_sweep(
+    spec: SweepSpec,
+    *,
+    sglang_python: str | None = None,
+    use_resolver: bool = True,
+    target_config_dir: str | None = None,
+    draft_config_dir: str | None = None,
+) -> Plan:
+    """Expand and validate every grid point in one SGLang process, then build the plan.
+
+    ``target_config_dir`` / ``draft_config_dir``: local directories holding the target's and the
+    (converted) drafter's config.json, when the spec's paths are node paths this machine cannot read.
+    """
+    points = grid_points(spec)
+    reports = validate_many(
+        [point_argv(spec, p) for p in points],
+        sglang_python=sglang_python,
+        use_resolver=use_resolver,
+        target_config_dir=target_config_dir,
+        draft_config_dir=draft_config_dir,
+    )
+    return build_plan(spec, points, [outcome_of(r) for r in reports])
+
+
+def unchecked_plan(spec: SweepSpec) -> Plan:
+    """Every point as written, unvalidated: for forcing a launch SGLang itself must judge."""
+    points = grid_points(spec)
+    return build_plan(spec, points, [unchecked_outcome(p) for p in points])

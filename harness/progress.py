@@ -1,0 +1,92 @@
+"""What the user sees while a sweep runs: a live table on a terminal, plain log lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Protocol, TextIO
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """One server slot as the progress display shows it."""
+
+    index: int
+    state: str  # placing | idle | busy | lost
+    node: str | None
+    job: str | None  # "label (job id) attempt n"
+    since: float  # time.monotonic() when the state began
+
+
+@dataclass(frozen=True, slots=True)
+class SweepView:
+    """The whole sweep at one moment."""
+
+    counts: dict[str, int]
+    slots: tuple[SlotView, ...]
+    eta_s: float | None
+
+
+class Progress(Protocol):
+    def event(self, line: str) -> None: ...
+    def update(self, view: SweepView) -> None: ...
+    def close(self) -> None: ...
+
+
+def _summary(view: SweepView) -> str:
+    c = view.counts
+    eta = "?" if view.eta_s is None else f"{view.eta_s:.0f}s"
+    return f"done {c['done']}  running {c['leased']}  failed {c['failed']}  pending {c['pending']}  ETA {eta}"
+
+
+class LogProgress:
+    """Plain, timestamped lines (job events), for logs and pipes."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def event(self, line: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {line}", file=self._stream, flush=True)
+
+    def update(self, view: SweepView) -> None:
+        """Plain output shows events only; the summary comes with each job's end."""
+
+    def close(self) -> None:
+        """Nothing to tear down."""
+
+
+class LiveProgress:
+    """A rich live table: job counts, ETA, and each slot's node, state and job."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self._console = Console(file=stream)
+        self._live = Live(console=self._console, refresh_per_second=4, transient=False)
+        self._live.start()
+
+    def event(self, line: str) -> None:
+        self._live.console.print(f"{time.strftime('%H:%M:%S')} {line}", highlight=False)
+
+    def update(self, view: SweepView) -> None:
+        from rich.table import Table
+
+        table = Table(title=_summary(view), title_justify="left")
+        for column in ("slot", "node", "state", "for", "job"):
+            table.add_column(column)
+        now = time.monotonic()
+        for slot in view.slots:
+            table.add_row(
+                str(slot.index), slot.node or "-", slot.state, f"{now - slot.since:.0f}s", slot.job or "-"
+            )
+        self._live.update(table)
+
+    def close(self) -> None:
+        self._live.stop()
+
+
+def progress_for(stream: TextIO = sys.stdout) -> Progress:
+    """A live table on a terminal, log lines otherwise."""
+    return LiveProgress(stream) if stream.isatty() else LogProgress(stream)

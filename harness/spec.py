@@ -1,0 +1,225 @@
+"""The sweep spec: YAML in, one strict, frozen, fully described model out.
+
+A misspelt key, a wrong type or a cross-field mistake is refused here, with the field's dotted path and
+what is expected, before the planner or the driver writes anything. Every field has a description:
+``specsweep schema`` prints the JSON Schema and ``docs/config.md`` is generated from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from specsweep.errors import SpecError
+from workers.job import DrafterSpec, LoadPlan, PositiveInt, StrictModel, Timeouts
+
+# Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
+# owns where the server listens, the spec owns the model and the drafter.
+OWNED_FLAGS: tuple[str, ...] = (
+    "--model-path",
+    "--model",
+    "--host",
+    "--port",
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-draft-model",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SpeculativeGrid(StrictModel):
+    """The speculative configurations to try: a full (steps x topk x draft tokens) grid and/or chains."""
+
+    algorithm: str = Field(
+        default="EAGLE3", description="Value of --speculative-algorithm for every grid point."
+    )
+    num_steps: list[PositiveInt] = Field(
+        default_factory=list,
+        description="Values of --speculative-num-steps (grid: with topk and num_draft_tokens).",
+    )
+    topk: list[PositiveInt] = Field(
+        default_factory=list,
+        description="Values of --speculative-eagle-topk (grid: with num_steps and num_draft_tokens).",
+    )
+    num_draft_tokens: list[PositiveInt] = Field(
+        default_factory=list,
+        description="Values of --speculative-num-draft-tokens (grid: with num_steps and topk).",
+    )
+    chain_depths: list[Annotated[int, Field(ge=2)]] = Field(
+        default_factory=list,
+        description="Chain drafts by depth: depth d runs topk 1, num_draft_tokens d, num_steps d - 1.",
+    )
+
+
+class SweepSpec(StrictModel):
+    """A sweep: which server, which speculative configurations, which load, where results go."""
+
+    engine: Literal["sglang", "sim"] = Field(
+        default="sglang",
+        description="sglang: `<sglang_python> -m sglang.launch_server ...`; sim: the simulated server "
+        "`python -m workers.sim_server ...` with the same arguments.",
+    )
+    sglang_python: str | None = Field(
+        default=None,
+        description="Python with SGLang installed, as on the nodes. Default: python3 on the nodes' PATH; "
+        "plans are validated with it when it exists on this machine, else with .venv-sglang.",
+    )
+    model_path: str = Field(description="Target model directory (--model-path), as seen on the nodes.")
+    drafter: DrafterSpec | None = Field(
+        default=None,
+        description="Draft model for EAGLE3; none for targets with a built-in MTP draft or baseline-only sweeps.",
+    )
+    base_args: list[str] = Field(
+        default_factory=list,
+        description="SGLang arguments shared by every server, e.g. [--tp-size, '8', --mem-fraction-static, "
+        "'0.88']. Not: --model-path, --host, --port or the speculative flags (the sweep sets those).",
+    )
+    gpus_per_server: PositiveInt = Field(
+        default=8, description="GPUs of one server; all on one node (STRICT_PACK placement)."
+    )
+    cpus_per_server: PositiveInt = Field(
+        default=1, description="CPUs reserved with each server slot (the node worker and load generator)."
+    )
+    max_servers: PositiveInt | None = Field(
+        default=None,
+        description="At most this many servers at once; default: as many as the cluster's GPUs allow.",
+    )
+    speculative: SpeculativeGrid | None = Field(
+        default=None, description="The speculative configurations to try; none for a baseline-only sweep."
+    )
+    baseline: bool = Field(default=True, description="Also run a server without speculative decoding.")
+    load: LoadPlan = Field(description="Load levels run against every server.")
+    repeats: PositiveInt = Field(default=1, description="Times each configuration is run (separate jobs).")
+    retries: Annotated[int, Field(ge=0)] = Field(
+        default=2, description="Extra attempts for a job that failed transiently (crash, timeout, node lost)."
+    )
+    timeouts: Timeouts = Field(default_factory=Timeouts, description="Stage time limits.")
+    output_dir: str = Field(
+        default="results",
+        description="Local results directory (queue, logs, Parquet tables); --out overrides.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables for every server process (NCCL_*, CUDA_*, ...), as strings.",
+    )
+    seed: int = Field(default=0, description="Seed of the workload and anything else random in the sweep.")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> SweepSpec:
+        for check in SPEC_CHECKS:
+            check(self)
+        return self
+
+    def sweep_id(self) -> str:
+        """Stable id of what the sweep measures (the output directory is not part of it)."""
+        canonical = json.dumps(self.model_dump(mode="json", exclude={"output_dir"}), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def check_something_to_run(spec: SweepSpec) -> None:
+    """A sweep with neither a grid nor a baseline has no job."""
+    if spec.speculative is None and not spec.baseline:
+        raise ValueError("speculative: nothing to run: add a `speculative` grid or set `baseline: true`")
+
+
+def check_grid_is_complete(spec: SweepSpec) -> None:
+    """steps, topk and draft tokens go together (SGLang crashes on a partial triple); a grid has points."""
+    grid = spec.speculative
+    if grid is None:
+        return
+    lists = {"num_steps": grid.num_steps, "topk": grid.topk, "num_draft_tokens": grid.num_draft_tokens}
+    given = [name for name, values in lists.items() if values]
+    if given and len(given) != 3:
+        missing = sorted(set(lists) - set(given))
+        raise ValueError(
+            f"speculative: {', '.join(given)} given without {', '.join(missing)}; give all three lists "
+            "(or use chain_depths)"
+        )
+    if not given and not grid.chain_depths:
+        raise ValueError("speculative: give num_steps + topk + num_draft_tokens lists and/or chain_depths")
+
+
+def check_base_args_leave_owned_flags(spec: SweepSpec) -> None:
+    """The sweep sets model, drafter, address and speculative flags; base_args repeating one is a mistake."""
+    for token in spec.base_args:
+        name = token.split("=", 1)[0]
+        if name in OWNED_FLAGS:
+            raise ValueError(
+                f"base_args: {name} is set by the sweep (model_path, drafter, speculative grid, launcher); "
+                "remove it from base_args"
+            )
+
+
+def check_env_names(spec: SweepSpec) -> None:
+    """Environment variable names must be valid POSIX names."""
+    for name in spec.env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"env: {name!r} is not a valid environment variable name")
+
+
+SPEC_CHECKS: tuple[Callable[[SweepSpec], None], ...] = (
+    check_something_to_run,
+    check_grid_is_complete,
+    check_base_args_leave_owned_flags,
+    check_env_names,
+)
+
+
+def _describe(error: Any) -> str:
+    """One line for one pydantic error: dotted path, then what is expected."""
+    path = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if not path:  # a cross-field rule: its message starts with the field's path
+        return message
+    if error["type"] == "string_type" and isinstance(error.get("input"), int | float | bool):
+        message += f" (quote it: '{error['input']}')"
+    elif error["type"] == "extra_forbidden":
+        message = "unknown key (check the spelling against `specsweep schema`)"
+    return f"{path}: {message}"
+
+
+def parse_spec(data: Any, *, source: str = "spec") -> SweepSpec:
+    """Validate already-loaded YAML data; a problem raises SpecError listing every bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"expected a mapping of spec fields, got {type(data).__name__}",
+            where=source,
+            fix="see `specsweep schema` for the fields",
+        )
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as err:
+        lines = "\n  ".join(_describe(e) for e in err.errors())
+        raise SpecError(
+            f"the sweep spec is invalid:\n  {lines}", where=source, fix="correct the fields above"
+        ) from None
+
+
+def load_spec(path: str | Path) -> tuple[SweepSpec, str]:
+    """Read and validate a spec file; returns the model and the file's text (stored with the results)."""
+    import yaml
+
+    spec_path = Path(path)
+    try:
+        text = spec_path.read_text()
+    except OSError as err:
+        raise SpecError(f"cannot read the spec: {err.strerror}", where=str(spec_path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SpecError(f"not valid YAML: {err}", where=str(spec_path), fix="fix the YAML syntax") from None
+    return parse_spec(data, source=str(spec_path)), text
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the sweep spec (what `specsweep schema` prints)."""
+    return SweepSpec.model_json_schema()

@@ -1,0 +1,188 @@
+"""What a node worker is handed and what it hands back: one job (a server config and a load plan).
+
+The planner builds ``JobSpec``s, the queue stores them as JSON, the node worker runs them and answers
+with an ``AttemptResult``. The load plan and time limits are the spec's own models, defined here so
+the worker layer does not import the harness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workers.sglang import SpecParams
+from workers.workloads import RandomIdsWorkload, Workload
+
+if TYPE_CHECKING:
+    from workers.loadgen import LoadLevel
+
+PositiveInt = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class StrictModel(BaseModel):
+    """Base of every spec model: unknown keys and loose types are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class LoadPlan(StrictModel):
+    """The load levels run against every server, in order, with the cache flushed between them."""
+
+    concurrency: list[PositiveInt] = Field(
+        default_factory=list, description="Closed-loop levels: requests kept in flight."
+    )
+    rates: list[PositiveFloat] = Field(
+        default_factory=list, description="Open-loop levels: Poisson arrival rates in requests per second."
+    )
+    max_concurrency: PositiveInt | None = Field(
+        default=None,
+        description="Cap on requests in flight for the open-loop (rate) levels; none when unset.",
+    )
+    requests_per_level: PositiveInt | None = Field(
+        default=None, description="Requests per level (give this or duration_s)."
+    )
+    duration_s: PositiveFloat | None = Field(
+        default=None, description="Seconds per level (give this or requests_per_level)."
+    )
+    warmup_requests: Annotated[int, Field(ge=0)] = Field(
+        default=8, description="Requests sent before the first level and left out of the results."
+    )
+    workload: Workload = Field(
+        default_factory=lambda: RandomIdsWorkload(input_tokens=128, output_tokens=128),
+        description="What each request asks for: random_ids (token ids on /generate, exact lengths) or "
+        "jsonl_prompts (a prompt file on /v1/chat/completions). Its seed is replaced by the sweep's seed.",
+    )
+
+    @model_validator(mode="after")
+    def _one_size_and_some_levels(self) -> LoadPlan:
+        if not self.concurrency and not self.rates:
+            raise ValueError("load: give at least one load level in `concurrency` or `rates`")
+        if (self.requests_per_level is None) == (self.duration_s is None):
+            raise ValueError("load: give exactly one of `requests_per_level` and `duration_s`")
+        return self
+
+    def levels(self, *, seed: int, request_timeout_s: float) -> list[LoadLevel]:
+        """The load generator's levels: closed loop first, then open loop, each in the order given.
+        Warmup runs before the first level only; the cache is flushed before every level, so SGLang's
+        server-side averages cover one level each."""
+        from workers.loadgen import LoadLevel
+
+        size = (
+            {"requests": self.requests_per_level}
+            if self.requests_per_level is not None
+            else {"duration_s": self.duration_s}
+        )
+        shapes: list[dict[str, Any]] = [{"concurrency": c} for c in self.concurrency]
+        shapes += [{"rate_rps": r, "max_concurrency": self.max_concurrency} for r in self.rates]
+        return [
+            LoadLevel(
+                **shape,
+                **size,
+                warmup_requests=self.warmup_requests if i == 0 else 0,
+                flush_cache=True,
+                request_timeout_s=request_timeout_s,
+                seed=seed,
+            )
+            for i, shape in enumerate(shapes)
+        ]
+
+
+class Timeouts(StrictModel):
+    """How long each stage may take before it counts as failed."""
+
+    placement_s: PositiveFloat = Field(
+        default=300.0, description="Seconds to wait for the cluster to place the first server slot."
+    )
+    startup_s: PositiveFloat = Field(
+        default=1800.0, description="Seconds from launch until /health answers 200 (model load, CUDA graphs)."
+    )
+    level_s: PositiveFloat = Field(default=3600.0, description="Upper bound in seconds for one load level.")
+    stop_s: PositiveFloat = Field(
+        default=60.0, description="Seconds between SIGTERM to the server's process group and SIGKILL."
+    )
+
+
+class DrafterSpec(StrictModel):
+    """The trained draft model, converted once per node into the layout SGLang loads."""
+
+    path: str = Field(
+        description="Directory of the drafter checkpoint (config.json + weights), as seen on the nodes."
+    )
+    format: Literal["auto", "speculators", "sglang", "eagle"] = Field(
+        default="auto",
+        description="Checkpoint format: speculators, sglang (SpecForge / SGLang-native), eagle (original "
+        "EAGLE), or auto to detect it from the config and keys.",
+    )
+
+
+class JobSpec(BaseModel):
+    """One job: start this server, run this load plan, once (``repeat_index`` tells repeats apart)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sweep_id: str
+    job_id: str
+    config_id: str  # same for every repeat of one effective config
+    config_label: str  # "baseline", "chain d=4", "tree s=3 k=4 n=8"
+    repeat_index: int
+    engine: Literal["sglang", "sim"]
+    sglang_python: str | None
+    model_path: str
+    drafter: DrafterSpec | None
+    base_args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    gpus: int
+    requested: SpecParams  # what the first grid point it serves asked for
+    effective: SpecParams  # what the validator says the server runs (and the worker checks live)
+    requested_points: tuple[str, ...]
+    load: LoadPlan
+    timeouts: Timeouts
+    seed: int
+
+    def launch_args(self, draft_path: str | None) -> list[str]:
+        """SGLang arguments of this job's server (without --host/--port), with the drafter at
+        ``draft_path`` (the node's converted copy)."""
+        return launch_args(self.base_args, self.model_path, self.effective, draft_path)
+
+
+def launch_args(
+    base_args: tuple[str, ...] | list[str], model_path: str, params: SpecParams, draft_path: str | None
+) -> list[str]:
+    """The one way a grid point becomes SGLang arguments (the planner validates exactly these)."""
+    args = [*base_args, "--model-path", model_path]
+    if params.speculative_algorithm is None:
+        return args
+    args += ["--speculative-algorithm", params.speculative_algorithm]
+    if draft_path is not None:
+        args += ["--speculative-draft-model-path", draft_path]
+    for flag, value in (
+        ("--speculative-num-steps", params.speculative_num_steps),
+        ("--speculative-eagle-topk", params.speculative_eagle_topk),
+        ("--speculative-num-draft-tokens", params.speculative_num_draft_tokens),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """How one attempt ended. ``files`` maps table name -> Parquet bytes of the attempt (also written by
+    the worker under ``_attempts/``; the driver rewrites them from here when it cannot see the worker's
+    disk). On failure ``error_class`` is set and ``files`` holds only the ``jobs`` row."""
+
+    job_id: str
+    attempt: int
+    lease_token: str
+    error_class: str | None
+    error_text: str | None
+    log_tail: str | None
+    node_host: str
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None

@@ -1,0 +1,352 @@
+"""The node worker: one per server slot, one job per call, from preflight to Parquet files.
+
+For each job: preflight (the slot's GPUs idle, or the job fails naming the PIDs that hold them; a
+server a previous worker left behind, found through the node-local pid file, is killed), convert the
+drafter once per node (the converter's cache), launch the server and wait for ``/health`` while
+watching it, check the live ``/server_info`` against the plan (config_mismatch), warm up, run each
+load level (cache flushed before each), snapshot ``/server_info`` and ``/metrics``, stop the server
+(and confirm its process group is gone), and write the attempt's Parquet files.
+
+The class is plain Python; the driver wraps it with ``ray.remote`` (``max_restarts=0``, two threads so
+``cancel`` can run while ``run_job`` does). Every failure it can name becomes an ``AttemptResult``
+with an error class; the driver's retry policy decides what happens next.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from analysis.schema import (
+    JobRecord,
+    LevelRecord,
+    RequestRecord,
+    jobs_table,
+    levels_table,
+    requests_table,
+    write_parquet_atomic,
+)
+from specsweep.errors import ConversionError
+from workers import layout
+from workers.job import AttemptResult, DrafterSpec, JobSpec
+from workers.launcher import (
+    PidFile,
+    ServerConfig,
+    ServerFailure,
+    ServerProcess,
+    classify_exit,
+    http_get,
+    pid_dir,
+    python_for,
+    start_server,
+    wait_healthy,
+)
+from workers.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
+from workers.records import AttemptFacts, job_record
+from workers.sglang import SpecParams, api
+from workers.sglang.rules import normalize_algorithm
+
+log = logging.getLogger(__name__)
+
+GPU_RELEASE_WAIT_S = 30.0
+
+
+def drafter_cache_dir() -> Path:
+    """Node-local cache of converted drafters (SPECSWEEP_DRAFTER_CACHE overrides)."""
+    default = Path("/tmp") / f"specsweep-{os.getuid()}" / "drafters"
+    return Path(os.environ.get("SPECSWEEP_DRAFTER_CACHE", default))
+
+
+def converted_drafter(drafter: DrafterSpec, model_path: str) -> Path:
+    """Convert the drafter into the node cache (a no-op when this node already did), checked against
+    the target's config when the node has it; returns the directory SGLang loads."""
+    from workers.converter import ConvertOptions, convert_cached
+    from workers.eagle3_format import SourceFormat
+
+    target = Path(model_path)
+    options = ConvertOptions(
+        source_format=None if drafter.format == "auto" else SourceFormat(drafter.format),
+        target_config=target if (target / "config.json").is_file() else None,
+    )
+    return convert_cached(drafter.path, drafter_cache_dir(), options).path
+
+
+class JobCancelled(Exception):
+    """The driver asked this worker to stop (SIGINT/SIGTERM on the driver)."""
+
+
+@dataclass
+class _Attempt:
+    """The state of the attempt in progress (what the jobs row will say)."""
+
+    job: JobSpec
+    attempt: int
+    token: str
+    facts: AttemptFacts
+
+
+def config_mismatches(planned: SpecParams, live: SpecParams) -> list[str]:
+    """Fields where the running server differs from the plan (max_running_requests only if planned)."""
+    problems = []
+    for name, want in planned.as_dict().items():
+        got = getattr(live, name)
+        if name == api.MAX_RUNNING_REQUESTS and want is None:
+            continue
+        if name == api.SPEC_ALGORITHM:
+            want, got = normalize_algorithm(want), normalize_algorithm(got)
+        if want != got:
+            problems.append(f"{name}: planned {want}, server runs {got}")
+    return problems
+
+
+def server_accept_length(server_info: dict[str, Any]) -> float | None:
+    """SGLang's ``avg_spec_accept_length`` of the first DP rank (null when absent)."""
+    states = server_info.get(api.SERVER_INFO_INTERNAL_STATES) or []
+    value = states[0].get(api.AVG_SPEC_ACCEPT_LENGTH) if states else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+class NodeWorker:
+    """Runs the jobs of one server slot on the node Ray placed it on."""
+
+    def __init__(self, out_dir: str, slot: int) -> None:
+        import ray
+
+        self.out = Path(out_dir)
+        self.slot = slot
+        self.node_host = socket.gethostname()
+        context = ray.get_runtime_context()
+        self.node_id = context.get_node_id()
+        self.gpu_ids = [int(g) for g in ray.get_gpu_ids()]
+        gpus = "-".join(map(str, self.gpu_ids)) or "none"
+        self.pid_file = PidFile(pid_dir() / f"{self.node_id[:16]}-gpus-{gpus}.json")
+        self._cancel = threading.Event()
+        self._server: ServerProcess | None = None
+        self._server_lock = threading.Lock()
+        leftover = self.pid_file.kill_leftover()
+        if leftover:
+            log.warning("slot %d: killed server processes %s left by a previous worker", slot, leftover)
+
+    def ready(self) -> dict[str, Any]:
+        """Where this worker runs (the driver shows it)."""
+        return {
+            "node_host": self.node_host,
+            "node_id": self.node_id,
+            "gpus": self.gpu_ids,
+            "pid": os.getpid(),
+        }
+
+    def cancel(self) -> None:
+        """Stop the job in progress: kill its server, so the load generator returns at once."""
+        self._cancel.set()
+        with self._server_lock:
+            server = self._server
+        if server is not None:
+            server.stop(grace_s=5.0)
+
+    # --- one job ---------------------------------------------------------------------------------------
+
+    def run_job(self, payload: str, attempt: int, token: str) -> AttemptResult:
+        """Run one attempt of a job; never raises for a failure it can name."""
+        job = JobSpec.model_validate_json(payload)
+        self._cancel.clear()
+        state = _Attempt(
+            job, attempt, token, AttemptFacts(node_host=self.node_host, started_unix_ns=time.time_ns())
+        )
+        try:
+            requests, levels = self._run(state)
+        except ServerFailure as failure:
+            return self._failed(state, failure.error_class, failure.message, failure.log_tail)
+        except GpusBusy as busy:
+            return self._failed(state, "gpus_busy", str(busy), None)
+        except ConversionError as err:
+            return self._failed(state, "bad_drafter", str(err), None)
+        except JobCancelled:
+            return self._failed(state, "cancelled", "stopped by the driver", None)
+        return self._finish(state, None, None, None, requests, levels)
+
+    def _run(self, state: _Attempt) -> tuple[list[RequestRecord], list[LevelRecord]]:
+        job = state.job
+        self._preflight()
+        draft_path = self._drafter(job)
+        config = ServerConfig(
+            engine=job.engine,
+            python=python_for(job.engine, job.sglang_python),
+            args=tuple(job.launch_args(draft_path)),
+            env=self._server_env(job, state.attempt),
+        )
+        port = pick_free_port(config.host)
+        log_path = layout.server_log(self.out, job.job_id, state.attempt)
+        server = start_server(config, port, log_path)
+        with self._server_lock:
+            self._server = server
+        self.pid_file.record(server, job.job_id)
+        state.facts = replace(state.facts, argv=tuple(server.argv), draft_model_path=draft_path)
+        try:
+            return self._measure(state, server)
+        finally:
+            self._stop(server, job)
+
+    def _measure(
+        self, state: _Attempt, server: ServerProcess
+    ) -> tuple[list[RequestRecord], list[LevelRecord]]:
+        from analysis.levels import summarize_level
+        from workers.loadgen import run_load
+
+        job = state.job
+        startup_s = wait_healthy(server, job.timeouts.startup_s)
+        state.facts = replace(state.facts, startup_s=startup_s)
+        info = self._server_info(server)
+        state.facts = replace(state.facts, server_info=info)
+        mismatches = config_mismatches(job.effective, SpecParams.from_mapping(info))
+        if mismatches:
+            raise ServerFailure("config_mismatch", "; ".join(mismatches), server.log_tail())
+        workload = job.load.workload.model_copy(update={"seed": job.seed})
+        requests: list[RequestRecord] = []
+        levels: list[LevelRecord] = []
+        for level in job.load.levels(seed=job.seed, request_timeout_s=min(600.0, job.timeouts.level_s)):
+            self._check_cancel()
+            result = run_load(server.url, level, workload)
+            self._check_cancel()
+            self._check_alive(server)
+            info = self._server_info(server)
+            requests.extend(result.records)
+            table = requests_table(result.records)
+            levels.append(
+                summarize_level(
+                    table,
+                    sweep_id=job.sweep_id,
+                    job_id=job.job_id,
+                    load_level=level.label,
+                    duration_s=max(result.duration_s, 1e-9),
+                    gpus=job.gpus,
+                    server_accept_length=server_accept_length(info),
+                )
+            )
+        self._snapshot_metrics(server, state)
+        state.facts = replace(state.facts, server_info=info)
+        return requests, levels
+
+    # --- steps ------------------------------------------------------------------------------------------
+
+    def _preflight(self) -> None:
+        """Kill what a previous worker left, then require idle GPUs (skipped on nodes without NVIDIA)."""
+        self.pid_file.kill_leftover()
+        if self.gpu_ids:
+            check_gpus_idle(self.gpu_ids)
+
+    def _drafter(self, job: JobSpec) -> str | None:
+        """The node-local converted drafter (converted once per node: the converter's cache)."""
+        if job.drafter is None:
+            return None
+        return str(converted_drafter(job.drafter, job.model_path))
+
+    def _server_env(self, job: JobSpec, attempt: int) -> tuple[tuple[str, str], ...]:
+        env = dict(job.env)
+        env.setdefault("SPECSWEEP_SIM_SEED", str(job.seed))  # the simulator's acceptance draws
+        env["SPECSWEEP_JOB_ID"] = job.job_id
+        env["SPECSWEEP_ATTEMPT"] = str(attempt)
+        return tuple(sorted(env.items()))
+
+    def _server_info(self, server: ServerProcess) -> dict[str, Any]:
+        status, body = http_get(server.url + api.SERVER_INFO, timeout_s=30.0)
+        if status != 200:
+            self._check_alive(server)
+            raise ServerFailure(
+                "health_lost", f"{api.SERVER_INFO} answered {status or 'nothing'}", server.log_tail()
+            )
+        return json.loads(body)
+
+    def _check_alive(self, server: ServerProcess) -> None:
+        """A server that died mid-run is a crash; one that stopped answering /health is health_lost."""
+        returncode = server.poll()
+        if returncode is not None:
+            tail = server.log_tail()
+            raise ServerFailure(
+                "crash",
+                f"server exited with code {returncode} during the load (log: {classify_exit(tail, returncode)[0]})",
+                tail,
+            )
+        status, _ = http_get(server.url + api.HEALTH, timeout_s=30.0)
+        if status != 200:
+            raise ServerFailure(
+                "health_lost", f"{api.HEALTH} answered {status or 'nothing'} mid-run", server.log_tail()
+            )
+
+    def _snapshot_metrics(self, server: ServerProcess, state: _Attempt) -> None:
+        """Keep /metrics next to the server log (Prometheus text; absent without --enable-metrics)."""
+        status, body = http_get(server.url + api.METRICS, timeout_s=30.0)
+        if status == 200:
+            path = layout.log_dir(self.out, state.job.job_id, state.attempt) / "metrics.txt"
+            path.write_bytes(body)
+
+    def _check_cancel(self) -> None:
+        if self._cancel.is_set():
+            raise JobCancelled()
+
+    def _stop(self, server: ServerProcess, job: JobSpec) -> None:
+        """Stop the server, confirm its group is gone and (on GPU nodes) its GPUs are free again."""
+        try:
+            server.stop(job.timeouts.stop_s)
+        finally:
+            with self._server_lock:
+                self._server = None
+        self.pid_file.clear()
+        deadline = time.monotonic() + GPU_RELEASE_WAIT_S
+        while self.gpu_ids and time.monotonic() < deadline:
+            holders = gpu_processes(self.gpu_ids)
+            if not holders:
+                return
+            time.sleep(0.5)
+        if self.gpu_ids and gpu_processes(self.gpu_ids):
+            log.warning("slot %d: GPUs %s still held after the server stopped", self.slot, self.gpu_ids)
+
+    # --- results -----------------------------------------------------------------------------------------
+
+    def _failed(self, state: _Attempt, error_class: str, message: str, log_tail: str | None) -> AttemptResult:
+        log.warning("job %s attempt %d failed: %s: %s", state.job.job_id, state.attempt, error_class, message)
+        return self._finish(state, error_class, message, log_tail, [], [])
+
+    def _finish(
+        self,
+        state: _Attempt,
+        error_class: str | None,
+        message: str | None,
+        log_tail: str | None,
+        requests: list[RequestRecord],
+        levels: list[LevelRecord],
+    ) -> AttemptResult:
+        """Write the attempt's files (temp name + rename) and return them with the outcome."""
+        state.facts = replace(state.facts, finished_unix_ns=time.time_ns())
+        record: JobRecord = job_record(
+            state.job,
+            attempt=state.attempt,
+            error_class=error_class,
+            error_message=message,
+            facts=state.facts,
+        )
+        tables = {"jobs": jobs_table([record])}
+        if error_class is None:
+            tables = {"requests": requests_table(requests), "levels": levels_table(levels), **tables}
+        files = {}
+        for name, table in tables.items():
+            path = layout.attempt_file(self.out, state.job.job_id, state.attempt, name)
+            write_parquet_atomic(table, path)
+            files[name] = path.read_bytes()
+        return AttemptResult(
+            job_id=state.job.job_id,
+            attempt=state.attempt,
+            lease_token=state.token,
+            error_class=error_class,
+            error_text=message,
+            log_tail=log_tail,
+            node_host=self.node_host,
+            files=files,
+        )
