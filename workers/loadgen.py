@@ -347,15 +347,19 @@ async def _open_loop(
         scheduled = ctx.t0_ns + offset
         if deadline_abs_ns is not None and scheduled >= deadline_abs_ns:
             break
-        delay = (scheduled - time.perf_counter_ns()) / 1e9
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await _sleep_until(scheduled)
         if slots is not None:
             await slots.acquire()
         task = asyncio.create_task(one(prep, scheduled))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     await _finish(list(tasks), ctx.level, deadline_abs_ns)
+
+
+async def _sleep_until(abs_ns: int) -> None:
+    """Sleep until ``abs_ns`` and never wake early (uvloop's timers round to milliseconds)."""
+    while (remaining := abs_ns - time.perf_counter_ns()) > 0:
+        await asyncio.sleep(remaining / 1e9)
 
 
 async def _finish(tasks: list[asyncio.Task[None]], level: LoadLevel, deadline_abs_ns: int | None) -> None:
@@ -432,9 +436,7 @@ async def _run_measured(
     ctx = _Context(base_url, level, t0_ns, warmup=False)
     deadline = t0_ns + round(level.duration_s * 1e9) if level.duration_s is not None else None
     records: list[RequestRecord] = []
-    delay = (t0_ns - time.perf_counter_ns()) / 1e9
-    if delay > 0:
-        await asyncio.sleep(delay)
+    await _sleep_until(t0_ns)
     if level.concurrency is not None:
         await _closed_loop(session, ctx, requests, shard.share(level.concurrency), deadline, records)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -19,7 +20,7 @@ def _events(raw: bytes, cuts: list[int]) -> list:
     decoder = SSEDecoder()
     bounds = [0, *cuts, len(raw)]
     events = []
-    for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
         events.extend(decoder.feed(raw[a:b], k))
     return events
 

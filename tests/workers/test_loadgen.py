@@ -1,0 +1,170 @@
+"""The load generator against the simulated SGLang server: exact tokens and acceptance, timing, loops."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workers.loadgen import LoadLevel, LoadResult, run_load
+from workers.sim_server import SimServerHandle, start_sim_server
+from workers.workloads import JsonlPromptsWorkload, RandomIdsWorkload
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+SPEC_ARGS = [
+    "--model-path",
+    str(FIXTURES / "kimi-k2"),
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-draft-model-path",
+    str(FIXTURES / "eagle3-draft"),
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+    "--max-running-requests",
+    "256",
+]
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimServerHandle]:
+    """Default profile (acceptance varies per step) at 1/4 of real time: steps of about 4 ms."""
+    with start_sim_server(SPEC_ARGS, env={"SPECSWEEP_SIM_TIME_SCALE": "0.25"}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fast_sim() -> Iterator[SimServerHandle]:
+    """The same server at 1/50 of real time, for request-rate tests."""
+    with start_sim_server(SPEC_ARGS, env={"SPECSWEEP_SIM_TIME_SCALE": "0.02"}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def random_ids_run(sim: SimServerHandle) -> LoadResult:
+    workload = RandomIdsWorkload(input_tokens=16, output_tokens=24, output_tokens_max=64, seed=3)
+    level = LoadLevel(concurrency=8, requests=32, warmup_requests=4, flush_cache=True)
+    return run_load(sim.url, level, workload, calibration_streams=4)
+
+
+def _check_tokens_and_acceptance(result: LoadResult) -> None:
+    """Per request: chunk token deltas add up to the server's count and rebuild its acceptance stats."""
+    for r in result.records:
+        assert r.error_type is None, r.error_message
+        tokens = r.chunk_tokens or []
+        assert sum(tokens) == r.completion_tokens
+        assert tokens[0] == 1  # the prefill's token; then one chunk per verify step
+        assert r.spec_verify_ct == len(tokens) - 1
+        assert r.spec_accept_length == r.completion_tokens / r.spec_verify_ct
+        accepted = [t - 1 for t in tokens[1:]]
+        assert r.spec_num_correct_drafts == sum(accepted)
+        histogram = np.bincount(accepted, minlength=len(r.spec_correct_drafts_histogram or [])).tolist()
+        assert r.spec_correct_drafts_histogram == histogram
+        assert r.spec_num_proposed_drafts == r.spec_verify_ct * 3
+        assert r.spec_accept_rate == r.spec_num_correct_drafts / r.spec_num_proposed_drafts
+
+
+def test_run_load_matches_server_meta_info_when_sending_random_ids(random_ids_run: LoadResult) -> None:
+    """Completion tokens equal max_new_tokens and the final meta_info; acceptance per step is exact."""
+    workload = RandomIdsWorkload(input_tokens=16, output_tokens=24, output_tokens_max=64, seed=3)
+    assert len(random_ids_run.records) == 32
+    assert random_ids_run.cache_flushed is True
+    assert len(random_ids_run.warmup_records) == 4
+    assert all(r.warmup for r in random_ids_run.warmup_records)
+    for r in random_ids_run.records:
+        index = int(r.request_id[1:])
+        assert r.completion_tokens == workload.request(index).expected_output_tokens
+        assert (r.prompt_tokens, r.finish_reason, r.endpoint) == (16, "length", "/generate")
+    _check_tokens_and_acceptance(random_ids_run)
+    accept_lengths = {r.spec_accept_length for r in random_ids_run.records}
+    assert len(accept_lengths) > 5  # acceptance really varies per request: nothing is assumed
+
+
+def test_run_load_itl_agrees_with_server_chunk_stamps_when_streaming(random_ids_run: LoadResult) -> None:
+    """Client gaps per step and per token match the gaps between the server's send stamps."""
+    step_errors = []
+    for r in random_ids_run.records:
+        server = np.diff(np.asarray(r.server_chunk_ns)) / 1e6
+        client = np.asarray(r.itl_per_step_ms)
+        assert len(client) == len(server) == len(r.chunk_tokens or []) - 1
+        step_errors.extend(np.abs(client - server).tolist())
+        per_token = np.repeat(server / np.asarray(r.chunk_tokens[1:]), r.chunk_tokens[1:])
+        assert len(r.itl_per_token_ms or []) == len(per_token) == r.completion_tokens - 1
+        assert np.median(np.abs(np.asarray(r.itl_per_token_ms) - per_token)) < 1.0
+        assert r.ttft_ms >= r.server_chunk_ns[0] / 1e6  # arrival after the server sent it
+    # Margins for a loaded 2-core box: typical error well under a millisecond, tail under 10 ms.
+    assert np.median(step_errors) < 1.0
+    assert np.percentile(step_errors, 90) < 10.0
+
+
+def test_run_load_reads_chat_stream_when_prompts_come_from_jsonl(
+    sim: SimServerHandle, tmp_path: Path
+) -> None:
+    """ShareGPT and prompt lines go to the chat route; usage deltas and sglext give the same exactness."""
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": f"Question {i}: explain speculative decoding."} for i in range(3)]
+    lines.append(
+        {"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello"}]}
+    )
+    prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    workload = JsonlPromptsWorkload(path=str(prompts), max_tokens=40)
+    result = run_load(sim.url, LoadLevel(concurrency=4, requests=8), workload, calibration_streams=4)
+    assert len(result.records) == 8
+    for r in result.records:
+        assert r.endpoint == "/v1/chat/completions"
+        assert r.finish_reason in ("length", "stop")
+        assert r.prompt_tokens and r.prompt_tokens > 0
+        assert r.completion_tokens <= 40
+    _check_tokens_and_acceptance(result)
+
+
+def _in_flight(result: LoadResult, times_ns: np.ndarray) -> np.ndarray:
+    starts = np.asarray([r.start_ns for r in result.records])
+    ends = np.asarray([r.end_ns for r in result.records])
+    return ((starts[None, :] <= times_ns[:, None]) & (times_ns[:, None] < ends[None, :])).sum(axis=1)
+
+
+def test_run_load_holds_n_in_flight_when_closed_loop(sim: SimServerHandle) -> None:
+    """Closed loop: between the first request's end and the last request's start, N are in flight."""
+    workload = RandomIdsWorkload(input_tokens=8, output_tokens=16)
+    result = run_load(sim.url, LoadLevel(concurrency=12, requests=120), workload, calibration_streams=4)
+    assert result.num_errors == 0 and len(result.records) == 120
+    first_end = min(r.end_ns for r in result.records)
+    last_start = max(r.start_ns for r in result.records)
+    samples = np.linspace(first_end, last_start, 2000)
+    counts = _in_flight(result, samples)
+    assert counts.max() == 12  # never more than N
+    assert np.mean(counts == 12) > 0.9  # and N except for the instants between one end and the next send
+
+
+@pytest.mark.parametrize("arrival", ["constant", "poisson"])
+def test_run_load_hits_target_rate_when_open_loop(fast_sim: SimServerHandle, arrival: str) -> None:
+    """Open loop: 2,000 requests at 400/s are sent at 400/s within 2%, each with its scheduled time."""
+    workload = RandomIdsWorkload(input_tokens=8, output_tokens=2)
+    level = LoadLevel(rate_rps=400, arrival=arrival, requests=2000, seed=7)
+    result = run_load(fast_sim.url, level, workload, calibration_streams=4)
+    assert len(result.records) == 2000 and result.num_errors == 0
+    assert result.achieved_rate_rps == pytest.approx(400, rel=0.02)
+    lateness_ms = np.asarray([(r.start_ns - r.scheduled_ns) / 1e6 for r in result.records])
+    assert lateness_ms.min() >= 0
+    assert np.median(lateness_ms) < 5.0
+
+
+def test_run_load_merges_shards_when_several_processes(sim: SimServerHandle) -> None:
+    """Two client processes start together and their records merge: every request once, N in flight."""
+    workload = RandomIdsWorkload(input_tokens=8, output_tokens=16)
+    level = LoadLevel(concurrency=8, requests=64, processes=2)
+    result = run_load(sim.url, level, workload, calibration_streams=4)
+    assert result.processes == 2
+    assert sorted(r.request_id for r in result.records) == [f"r{i:07d}" for i in range(64)]
+    assert result.num_errors == 0
+    first_end = min(r.end_ns for r in result.records)
+    last_start = max(r.start_ns for r in result.records)
+    counts = _in_flight(result, np.linspace(first_end, last_start, 500))
+    assert counts.max() == 8 and np.mean(counts == 8) > 0.8
