@@ -1,0 +1,142 @@
+"""Each level metric on a three-row table, computed by hand (summarize_level runs the definitions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.levels import summarize_level
+from analysis.schema import RequestRecord, requests_table
+
+
+def _request(i: int, **changes: object) -> RequestRecord:
+    values: dict[str, object] = dict(
+        request_id=str(i),
+        load_level="concurrency=2",
+        concurrency=2,
+        rate_rps=None,
+        endpoint="/generate",
+        warmup=False,
+        scheduled_ns=0,
+        start_ns=0,
+        end_ns=1,
+        ttft_ms=100.0,
+        e2e_ms=190.0,
+        tpot_ms=10.0,
+        prompt_tokens=5,
+        completion_tokens=10,
+        chunk_arrival_ns=None,
+        chunk_tokens=None,
+        server_chunk_ns=None,
+        itl_per_token_ms=[10.0, 10.0],
+        itl_per_step_ms=None,
+        finish_reason="length",
+        spec_verify_ct=4,
+        spec_accept_length=2.5,
+        spec_accept_rate=None,
+        spec_num_correct_drafts=None,
+        spec_num_proposed_drafts=None,
+        spec_correct_drafts_histogram=[1, 2, 1],
+        http_status=200,
+        error_type=None,
+        error_message=None,
+    )
+    values.update(changes)
+    return RequestRecord(**values)  # type: ignore[arg-type]
+
+
+THREE_ROWS = [
+    _request(1),
+    _request(
+        2,
+        completion_tokens=20,
+        spec_verify_ct=5,
+        ttft_ms=200.0,
+        tpot_ms=20.0,
+        e2e_ms=580.0,
+        itl_per_token_ms=[30.0],
+        spec_correct_drafts_histogram=[0, 1, 2, 3],
+    ),
+    _request(3, error_type="http_500", http_status=500, completion_tokens=7),
+]
+NOISE = [_request(4, warmup=True, completion_tokens=1000), _request(5, load_level="concurrency=4")]
+
+
+@pytest.fixture(scope="module")
+def level():  # type: ignore[no-untyped-def]
+    table = requests_table(THREE_ROWS + NOISE)
+    return summarize_level(
+        table,
+        sweep_id="s",
+        job_id="j",
+        load_level="concurrency=2",
+        duration_s=2.0,
+        gpus=2,
+        server_accept_length=3.1,
+    )
+
+
+def test_summarize_level_counts_requests_when_one_failed_and_noise_present(level) -> None:  # type: ignore[no-untyped-def]
+    """Warmup rows and other levels are ignored; a row with error_type is an error."""
+    assert (level.num_requests, level.num_ok, level.num_errors) == (3, 2, 1)
+    assert level.error_rate == pytest.approx(1 / 3)
+    assert level.error_counts == (("http_500", 1),)
+
+
+def test_summarize_level_computes_throughput_when_three_rows(level) -> None:  # type: ignore[no-untyped-def]
+    """output_tokens sums successful requests only; rates divide by duration_s and gpus."""
+    assert level.output_tokens == 30
+    assert level.output_tok_s == pytest.approx(15.0)
+    assert level.output_tok_s_per_gpu == pytest.approx(7.5)
+    assert level.achieved_rate_rps == pytest.approx(1.0)
+    assert level.output_tok_s_per_user == pytest.approx((100.0 + 50.0) / 2)  # median of 1000/tpot
+
+
+def test_summarize_level_interpolates_percentiles_when_two_values(level) -> None:  # type: ignore[no-untyped-def]
+    """Percentiles interpolate linearly between order statistics (numpy's default)."""
+    assert level.ttft_p50_ms == pytest.approx(150.0)
+    assert level.ttft_p90_ms == pytest.approx(190.0)
+    assert level.tpot_p99_ms == pytest.approx(19.9)
+    assert level.e2e_mean_ms == pytest.approx(385.0)
+    assert level.itl_mean_ms == pytest.approx(50.0 / 3)  # every token gap: 10, 10, 30
+    assert level.itl_p50_ms == pytest.approx(10.0)
+
+
+def test_summarize_level_computes_acceptance_when_speculative(level) -> None:  # type: ignore[no-untyped-def]
+    """Accept length = completion_tokens / spec_verify_ct; mean is token weighted; histograms sum."""
+    assert level.accept_length_mean == pytest.approx(30 / 9)
+    assert level.accept_length_p50 == pytest.approx((2.5 + 4.0) / 2)
+    hist = level.accept_length_hist
+    assert hist is not None and len(hist) == 17 and hist[10] == 1 and hist[16] == 1 and sum(hist) == 2
+    assert level.correct_drafts_histogram == (1, 3, 3, 3)
+    assert level.server_accept_length == 3.1
+
+
+def test_summarize_level_returns_nulls_when_no_successful_request() -> None:
+    """With every request failed, latencies and accept lengths are null, counts are still counts."""
+    table = requests_table([_request(1, error_type="timeout"), _request(2, error_type="timeout")])
+    level = summarize_level(
+        table,
+        sweep_id="s",
+        job_id="j",
+        load_level="concurrency=2",
+        duration_s=1.0,
+        gpus=1,
+        server_accept_length=None,
+    )
+    assert level.num_errors == 2 and level.output_tokens == 0 and level.output_tok_s == 0.0
+    assert level.ttft_p50_ms is None and level.accept_length_mean is None and level.itl_p99_ms is None
+    assert level.accept_length_hist is None and level.correct_drafts_histogram is None
+
+
+def test_summarize_level_rejects_zero_duration_when_called() -> None:
+    """Rates need a positive window."""
+    with pytest.raises(ValueError, match="duration_s"):
+        summarize_level(
+            requests_table(THREE_ROWS),
+            sweep_id="s",
+            job_id="j",
+            load_level="concurrency=2",
+            duration_s=0.0,
+            gpus=1,
+            server_accept_length=None,
+        )
