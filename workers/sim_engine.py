@@ -3,7 +3,7 @@
 One asyncio task runs the loop SGLang's scheduler runs: admit waiting requests (one prefill iteration,
 which yields each one's first token), otherwise run one decode iteration over every running request (one
 verify step each, accepting a sampled prefix of the draft plus the bonus token). Each iteration ends at an
-absolute deadline on the event loop's clock (``previous deadline + cost x time scale``), so lateness never
+absolute deadline on ``time.perf_counter_ns()``'s clock (``previous deadline + cost x time scale``), so lateness never
 accumulates into drift. The tokens of an iteration are handed to each request's stream at its deadline:
 one ``Progress`` per verify step, carrying every token accepted in that step.
 """
@@ -23,6 +23,7 @@ from workers.sim_faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_lin
 from workers.sim_model import (
     DraftShape,
     SimProfile,
+    admissions,
     decode_step_seconds,
     depth_accept_probs,
     prefill_seconds,
@@ -66,7 +67,7 @@ class SimRequest:
     stop: tuple[str, ...]
     probs: tuple[float, ...]
     rng: random.Random
-    token_base: int  # where this request's output walks the vocabulary from
+    token_base: int  # where the output walks the vocabulary from: same prompt, same text (as greedy)
     health_check: bool = False
     seq_no: int = 0  # 1-based order among generation requests (0: health check)
     received_ns: int = field(default_factory=time.perf_counter_ns)
@@ -140,7 +141,7 @@ class SimEngine:
         self.settings = settings
         self.profile: SimProfile = settings.profile
         self.shape = shape
-        self.max_running = max_running_requests or 1 << 30
+        self.max_running = max_running_requests
         self.on_finish = on_finish
         self.drafts_always_rejected = drafts_always_rejected
         self.waiting: deque[SimRequest] = deque()
@@ -153,9 +154,6 @@ class SimEngine:
         self._output = asyncio.Event()
         self._seen_prompts: dict[bytes, int] = {}
         self._probs_by_temperature: dict[float, tuple[float, ...]] = {}
-        loop = asyncio.get_running_loop()
-        # loop.time() and perf_counter_ns() are both monotonic; one offset maps deadlines onto the latter.
-        self._ns_offset = time.perf_counter_ns() - int(loop.time() * 1e9)
 
     # --- requests --------------------------------------------------------------------------------------
     def new_request(
@@ -184,7 +182,7 @@ class SimEngine:
             stop=stop,
             probs=self._probs(temperature),
             rng=rng,
-            token_base=rng.randrange(EOS_TOKEN_ID),
+            token_base=int.from_bytes(digest[:8], "little") % EOS_TOKEN_ID,
             health_check=health_check,
         )
 
@@ -245,34 +243,25 @@ class SimEngine:
     # --- the loop ---------------------------------------------------------------------------------------
     async def run(self) -> None:
         """The scheduler loop; runs until cancelled."""
-        loop = asyncio.get_running_loop()
-        scale = self.settings.time_scale
-        deadline = loop.time()
+        scale_ns = self.settings.time_scale * 1e9
+        deadline = time.perf_counter_ns()
         while True:
             if self.is_idle():
                 self._work.clear()
                 await self._work.wait()
-                deadline = max(deadline, loop.time())
-            room = self.max_running - len(self.running)
-            if self.waiting and room > 0:
-                admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
-                deadline += prefill_seconds(self.profile, sum(r.prompt_tokens for r in admitted)) * scale
-                await self._sleep_until(loop, deadline)
-                self._finish_prefill(admitted, self._to_ns(deadline))
+                deadline = max(deadline, time.perf_counter_ns())
+            admitted_count = admissions(len(self.waiting), len(self.running), self.max_running)
+            if admitted_count:
+                admitted = [self.waiting.popleft() for _ in range(admitted_count)]
+                deadline += round(
+                    prefill_seconds(self.profile, sum(r.prompt_tokens for r in admitted)) * scale_ns
+                )
+                await _sleep_until(deadline)
+                self._finish_prefill(admitted, deadline)
             else:
-                deadline += decode_step_seconds(self.profile, self.shape, len(self.running)) * scale
-                await self._sleep_until(loop, deadline)
-                await self._finish_decode(self._to_ns(deadline))
-
-    async def _sleep_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        if deadline <= loop.time():
-            return
-        wake = loop.create_future()
-        handle = loop.call_at(deadline, _resolve, wake)
-        try:
-            await wake
-        finally:
-            handle.cancel()
+                deadline += round(decode_step_seconds(self.profile, self.shape, len(self.running)) * scale_ns)
+                await _sleep_until(deadline)
+                await self._finish_decode(deadline)
 
     def _finish_prefill(self, admitted: list[SimRequest], scheduled_ns: int) -> None:
         for request in admitted:
@@ -360,10 +349,8 @@ class SimEngine:
             self._probs_by_temperature[temperature] = probs
         return probs
 
-    def _to_ns(self, loop_time: float) -> int:
-        return int(loop_time * 1e9) + self._ns_offset
 
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+async def _sleep_until(deadline_ns: int) -> None:
+    """Sleep until an absolute perf_counter_ns() deadline; timers that fire early sleep again."""
+    while (remaining := deadline_ns - time.perf_counter_ns()) > 0:
+        await asyncio.sleep(remaining / 1e9)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from statistics import mean
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -104,27 +104,29 @@ class DraftShape:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """A closed-loop load: ``concurrency`` clients, each sending the next request when one finishes."""
+    """A closed-loop benchmark run: ``concurrency`` clients start together at time 0, each sending its
+    next request as soon as one finishes, until ``num_requests`` requests were sent. Requests ignore EOS
+    (fixed ``output_len``), as benchmark runs do."""
 
     concurrency: int
     input_len: int
     output_len: int
+    num_requests: int
     temperature: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class GroundTruth:
-    """What a config is expected to deliver under a load (seconds at time scale 1)."""
+    """What a config delivers under a load, in seconds at time scale 1 (means over requests)."""
 
-    accept_length: float  # tokens per verify step (bonus included): /server_info's avg_spec_accept_length
+    accept_length: float  # tokens per verify step, bonus included (/server_info's avg_spec_accept_length)
     reported_accept_length: float  # completion_tokens / spec_verify_ct as meta_info reports it
-    verify_steps: float  # expected decode iterations per request
-    decode_step_s: float  # one decode iteration at the steady batch
-    batch: int  # running requests (concurrency capped by max_running_requests)
-    tpot_s: float  # (latency - ttft) / (output_len - 1), per request
-    ttft_s: float  # approximate: own prefill, half an iteration, and queueing beyond max_running
+    decode_step_s: float  # one decode iteration at the full batch
+    batch: int  # requests decoding together at most (concurrency capped by max_running_requests)
+    tpot_s: float  # (latency - ttft) / (output_len - 1)
+    ttft_s: float
     request_latency_s: float
-    output_throughput: float  # output tokens per second, whole server
+    output_throughput: float  # output tokens per second over the whole run
 
 
 def depth_candidates(shape: DraftShape) -> tuple[int, ...]:
@@ -176,16 +178,6 @@ def expected_accept_length(probs: tuple[float, ...]) -> float:
     return sum((j + 1) * pj for j, pj in enumerate(dist))
 
 
-@lru_cache(maxsize=4096)
-def expected_verify_steps(probs: tuple[float, ...], tokens: int) -> float:
-    """Expected verify steps to produce ``tokens`` tokens, the last step truncated at the limit."""
-    dist = accepted_drafts_distribution(probs)
-    steps = [0.0] * (tokens + 1)
-    for remaining in range(1, tokens + 1):
-        steps[remaining] = 1.0 + sum(pj * steps[max(remaining - j - 1, 0)] for j, pj in enumerate(dist))
-    return steps[tokens]
-
-
 def decode_step_seconds(profile: SimProfile, shape: DraftShape | None, batch: int) -> float:
     """One decode iteration for ``batch`` running requests."""
     if shape is None:
@@ -200,39 +192,100 @@ def prefill_seconds(profile: SimProfile, prompt_tokens: int) -> float:
     return profile.prefill_fixed_s + profile.prefill_per_token_s * prompt_tokens
 
 
-def ground_truth(profile: SimProfile, spec: SpecParams, load: Load) -> GroundTruth:
-    """Expected acceptance, per-token latency and throughput of an effective config under a load.
+def admissions(waiting: int, running: int, max_running: int | None) -> int:
+    """Requests a scheduler iteration admits (one prefill for all of them); 0 means run a decode step."""
+    room = waiting if max_running is None else max_running - running
+    return max(0, min(room, waiting))
 
-    Steady closed loop with ``batch = min(concurrency, max_running_requests)`` requests decoding: each
-    request's decode span holds its own verify steps plus the prefills of the other ``batch - 1`` slots
-    that restart meanwhile, solved as a fixed point (span = steps x step + restarts x prefill).
+
+@dataclass(slots=True)
+class _Flight:
+    """One request in the reference run."""
+
+    arrival: float
+    tokens: int = 0
+    first_token: float = 0.0
+    verify_steps: int = 0
+
+
+def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int = 0) -> GroundTruth:
+    """What the server delivers for an effective config under a load: the true value the search seeks.
+
+    Runs the simulated server's own scheduling (``admissions``, the step costs, the acceptance draws) as
+    a discrete-event simulation of the load, with clients that answer instantly: a replacement request
+    reaches the scheduler just after the iteration that finished its predecessor has begun. Seeded, so
+    repeatable; the run is repeated until it holds >= 20,000 verify steps, which keeps the sampling
+    noise of the means well under 1%.
     """
     shape = DraftShape.from_spec(spec)
-    max_running = spec.max_running_requests or load.concurrency
-    batch = max(1, min(load.concurrency, max_running))
-    decode_tokens = max(load.output_len - 1, 0)
-    if shape is None:
-        accept, steps = 1.0, float(decode_tokens)
-    else:
-        probs = depth_accept_probs(profile, shape, load.temperature)
-        accept, steps = expected_accept_length(probs), expected_verify_steps(probs, decode_tokens)
-    step_s = decode_step_seconds(profile, shape, batch)
-    prefill_s = prefill_seconds(profile, load.input_len)
-    span = steps * step_s
-    for _ in range(100):
-        restarts = (batch - 1) * span / (span + prefill_s) if span > 0 else 0.0
-        span = steps * step_s + restarts * prefill_s
-    queue_wait = max(load.concurrency - batch, 0) / batch * (span + prefill_s)
-    ttft = prefill_s + step_s / 2 + queue_wait
-    latency = ttft + span
+    probs = depth_accept_probs(profile, shape, load.temperature) if shape is not None else ()
+    batch = max(1, min(load.concurrency, spec.max_running_requests or load.concurrency))
+    rng = random.Random(seed)
+    finished: list[tuple[_Flight, float]] = []
+    wall = 0.0
+    while True:
+        finished += _closed_loop_run(profile, shape, probs, spec.max_running_requests, load, rng)
+        wall += max(end for _, end in finished[-load.num_requests :])
+        if sum(f.verify_steps for f, _ in finished) >= 20_000 or shape is None:
+            break
+    decode_tokens = load.output_len - 1
+    verify_ct = sum(f.verify_steps for f, _ in finished)
     return GroundTruth(
-        accept_length=accept,
-        reported_accept_length=load.output_len / steps if steps else math.nan,
-        verify_steps=steps,
-        decode_step_s=step_s,
+        accept_length=expected_accept_length(probs) if shape is not None else 1.0,
+        reported_accept_length=mean(load.output_len / f.verify_steps for f, _ in finished if f.verify_steps)
+        if verify_ct
+        else math.nan,
+        decode_step_s=decode_step_seconds(profile, shape, batch),
         batch=batch,
-        tpot_s=span / decode_tokens if decode_tokens else math.nan,
-        ttft_s=ttft,
-        request_latency_s=latency,
-        output_throughput=batch * load.output_len / (span + prefill_s),
+        tpot_s=mean((end - f.first_token) / decode_tokens for f, end in finished)
+        if decode_tokens
+        else math.nan,
+        ttft_s=mean(f.first_token - f.arrival for f, _ in finished),
+        request_latency_s=mean(end - f.arrival for f, end in finished),
+        output_throughput=len(finished) * load.output_len / wall,
     )
+
+
+def _closed_loop_run(
+    profile: SimProfile,
+    shape: DraftShape | None,
+    probs: tuple[float, ...],
+    max_running: int | None,
+    load: Load,
+    rng: random.Random,
+) -> list[tuple[_Flight, float]]:
+    """One run of ``load``: (request, finish time) for every request."""
+    now = 0.0
+    arrivals: list[float] = [0.0] * min(load.concurrency, load.num_requests)
+    to_send = load.num_requests - len(arrivals)
+    waiting: list[_Flight] = []
+    running: list[_Flight] = []
+    done: list[tuple[_Flight, float]] = []
+    while len(done) < load.num_requests:
+        if not running and not waiting and not any(t <= now for t in arrivals):
+            now = min(arrivals)  # idle: the next arrival starts an iteration at once
+        waiting += [_Flight(t) for t in arrivals if t <= now]
+        arrivals = [t for t in arrivals if t > now]
+        admitted = admissions(len(waiting), len(running), max_running)
+        if admitted:
+            batch, waiting = waiting[:admitted], waiting[admitted:]
+            now += prefill_seconds(profile, load.input_len * admitted)
+            for flight in batch:
+                flight.tokens, flight.first_token = 1, now
+            running += batch
+        else:
+            now += decode_step_seconds(profile, shape, len(running))
+            for flight in running:
+                flight.tokens += 1 + (sample_accepted_drafts(probs, rng) if shape is not None else 0)
+                flight.verify_steps += shape is not None
+        still: list[_Flight] = []
+        for flight in running:
+            if flight.tokens >= load.output_len:
+                done.append((flight, now))
+                if to_send:  # the client's next request lands just after this iteration boundary
+                    arrivals.append(math.nextafter(now, math.inf))
+                    to_send -= 1
+            else:
+                still.append(flight)
+        running = still
+    return done
