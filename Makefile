@@ -33,7 +33,11 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv sglang-venv
+# Headless Chromium for the report test (Debian package; CI runs as root). Idempotent.
+browser:
+	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
+
+test: venv sglang-venv browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
 
