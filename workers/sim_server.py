@@ -380,7 +380,15 @@ class SimServer:
         return _json_response(body)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        if self._engine().flush_cache():
+        """SGLang's flush: 400 while requests run, unless they finish within the ``timeout`` query value."""
+        engine = self._engine()
+        try:
+            deadline = time.monotonic() + max(float(request.query.get("timeout", 0.0)), 0.0)
+        except ValueError:
+            return _error_response("timeout must be a number", "BadRequestError", 400)
+        while not engine.is_idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if engine.flush_cache():
             return web.Response(
                 text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
                 "waiting requests, the operation will not be performed.)\n"
@@ -763,7 +771,7 @@ def _configure_logging(level: str) -> None:
 
 
 async def _serve(server: SimServer, host: str, port: int) -> None:
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
@@ -879,7 +887,7 @@ def start_sim_server(
     """Run ``python -m workers.sim_server args`` on a free 127.0.0.1 port; kill its group on exit.
 
     ``env`` is added to this process's environment (the SPECSWEEP_SIM_* knobs). The server's stdout and
-    stderr go to ``log_path`` (a temporary file by default).
+    stderr go to ``log_path`` (by default a temporary file, removed on exit).
     """
     args = list(args)
     port = free_port()
@@ -889,6 +897,7 @@ def start_sim_server(
         port = int(args[args.index("--port") + 1])
     if "--host" not in args:
         args += ["--host", "127.0.0.1"]
+    owns_log = log_path is None
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="sim-server-", suffix=".log")
         os.close(fd)
@@ -911,6 +920,8 @@ def start_sim_server(
         yield handle
     finally:
         handle.stop()
+        if owns_log:
+            log_path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
