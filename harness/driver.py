@@ -127,6 +127,7 @@ def _connect(address: str, spec: SweepSpec) -> bool:
             num_cpus=cpus,
             include_dashboard=False,
             log_to_driver=False,
+            _node_ip_address="127.0.0.1",
         )
     else:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ LOG_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("resolve_error", ("server_args.py", "arg_groups/", "resolve_once")),
 )
 LOG_TAIL_LINES = 40
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b")  # "torch.OutOfMemoryError: ...", "AssertionError"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -255,15 +257,16 @@ def classify_exit(log_text: str, returncode: int) -> tuple[str, str | None]:
     """Failure class of a server that exited, from its log (SGLang's messages) and exit code, with
     the log line that shows it."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    last = lines[-1] if lines else None
+    exception = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
+    fallback = exception or (lines[-1] if lines else None)
     for error_class, patterns in LOG_CLASSES:
         if error_class == "bad_args" and returncode != 2:
             continue
         for line in reversed(lines):
             if any(p in line for p in patterns):
-                # a resolution error matches on a traceback frame; its exception is the last line
-                return error_class, last if error_class == "resolve_error" else line
-    return "crash", last
+                # a resolution error matches on a traceback frame; the exception line says more
+                return error_class, fallback if error_class == "resolve_error" else line
+    return "crash", fallback
 
 
 def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:

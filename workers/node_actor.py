@@ -56,6 +56,7 @@ from workers.sglang.rules import normalize_algorithm
 log = logging.getLogger(__name__)
 
 GPU_RELEASE_WAIT_S = 30.0
+EXIT_GRACE_S = 5.0  # how long a server that stopped answering gets to show it exited
 
 
 def drafter_cache_dir() -> Path:
@@ -265,16 +266,19 @@ class NodeWorker:
         return json.loads(body)
 
     def _check_alive(self, server: ServerProcess) -> None:
-        """A server that died mid-run is a crash; one that stopped answering /health is health_lost."""
-        returncode = server.poll()
+        """A server that died mid-run is a crash; one that is alive but stopped answering /health is
+        health_lost. A failed probe waits a moment for the exit, since a dying server stops answering
+        just before its process is gone."""
+        status, _ = http_get(server.url + api.HEALTH, timeout_s=30.0)
+        deadline = time.monotonic() + (0.0 if status == 200 else EXIT_GRACE_S)
+        while (returncode := server.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         if returncode is not None:
             tail = server.log_tail()
+            _, evidence = classify_exit(tail, returncode)
             raise ServerFailure(
-                "crash",
-                f"server exited with code {returncode} during the load (log: {classify_exit(tail, returncode)[0]})",
-                tail,
+                "crash", f"server exited with code {returncode} during the load: {evidence}", tail
             )
-        status, _ = http_get(server.url + api.HEALTH, timeout_s=30.0)
         if status != 200:
             raise ServerFailure(
                 "health_lost", f"{api.HEALTH} answered {status or 'nothing'} mid-run", server.log_tail()

@@ -1,0 +1,419 @@
+"""The driver on a simulated Ray cluster: two 8-GPU nodes, the simulated SGLang server, real files.
+
+One cluster for the whole module (tests run in order; the node-removal test is last because it takes
+a node away). Every sweep is tiny: two load levels of a few short requests at a fast simulator time
+scale, so each job takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow.dataset as ds
+import pytest
+import yaml
+
+from harness.commands.plan import validated_plan
+from harness.driver import SweepSummary, run_sweep
+from harness.plan import Plan, unchecked_plan
+from harness.progress import LogProgress
+from harness.queue import open_read_only, read_attempts, read_counts, read_jobs
+from harness.spec import SweepSpec, parse_spec
+from specsweep.errors import ClusterError
+from workers.eagle3_fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
+from workers.eagle3_format import SourceFormat
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+LEVELS = 2
+REQUESTS_PER_LEVEL = 3
+LOOPBACK = "127.0.0.1"
+
+
+@pytest.fixture(scope="module")
+def env_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Node-local dirs (pid files, drafter cache) private to this module; the raylets inherit them."""
+    root = tmp_path_factory.mktemp("node-local")
+    saved = {k: os.environ.get(k) for k in ("SPECSWEEP_PID_DIR", "SPECSWEEP_DRAFTER_CACHE")}
+    os.environ["SPECSWEEP_PID_DIR"] = str(root / "pids")
+    os.environ["SPECSWEEP_DRAFTER_CACHE"] = str(root / "drafters")
+    yield root
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def cluster(env_dirs: Path) -> Iterator[Any]:
+    """A head without GPUs plus two simulated 8-GPU nodes."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "node_ip_address": LOOPBACK})
+    c.workers = [c.add_node(num_cpus=2, num_gpus=8, node_ip_address=LOOPBACK) for _ in range(2)]
+    ray.init(address=c.address, namespace="specsweep", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny DeepSeek-V3-shaped target config and a speculators-format EAGLE3 drafter."""
+    root = tmp_path_factory.mktemp("models")
+    target = write_target_config(root / "target", TINY)
+    drafter = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS, TINY), root / "drafter")
+    return {"target": str(target), "drafter": str(drafter)}
+
+
+def make_spec(models: dict[str, str], out: Path, **changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "engine": "sim",
+        "model_path": models["target"],
+        "drafter": {"path": models["drafter"], "format": "speculators"},
+        "base_args": ["--tp-size", "8"],
+        "speculative": {
+            "chain_depths": [2, 3, 4, 5],
+            "num_steps": [2],
+            "topk": [2],
+            "num_draft_tokens": [3, 5],
+        },
+        "baseline": True,
+        "load": {
+            "concurrency": [1, 2],
+            "requests_per_level": REQUESTS_PER_LEVEL,
+            "warmup_requests": 1,
+            "workload": {"kind": "random_ids", "input_tokens": 8, "output_tokens": 24, "vocab_size": 256},
+        },
+        "retries": 1,
+        "timeouts": {"startup_s": 30, "level_s": 60, "stop_s": 5, "placement_s": 60},
+        "env": {"SPECSWEEP_SIM_TIME_SCALE": "0.05"},
+        "output_dir": str(out),
+    }
+    data.update(changes)
+    return data
+
+
+def plan_of(spec: SweepSpec) -> Plan:
+    args = argparse.Namespace(sglang_python=None, builtin_only=True, target_config=None, draft_config=None)
+    return validated_plan(spec, args)
+
+
+def run(
+    spec_data: dict[str, Any], plan: Plan | None = None, *, resume: bool = False
+) -> tuple[SweepSummary, str]:
+    spec = parse_spec(spec_data)
+    stream = io.StringIO()
+    summary = run_sweep(
+        spec,
+        yaml.safe_dump(spec_data),
+        plan or plan_of(spec),
+        Path(spec.output_dir),
+        ray_address="auto",
+        resume=resume,
+        progress=LogProgress(stream),
+    )
+    return summary, stream.getvalue()
+
+
+def rows(out: Path, table: str) -> list[dict[str, Any]]:
+    folder = out / table
+    if not folder.exists():
+        return []
+    return ds.dataset(folder, partitioning="hive").to_table().to_pylist()
+
+
+def queue_state(out: Path) -> tuple[dict[str, int], list[Any], list[Any]]:
+    conn = open_read_only(out)
+    try:
+        return read_counts(conn), read_jobs(conn), read_attempts(conn)
+    finally:
+        conn.close()
+
+
+def committed_jobs_file(out: Path, sweep_id: str, job_id: str) -> Path:
+    return out / "jobs" / f"sweep={sweep_id}" / f"job={job_id}" / "part-0.parquet"
+
+
+def processes_of_job(job_id: str) -> list[int]:
+    """Live processes whose environment says they serve ``job_id`` (the worker sets SPECSWEEP_JOB_ID)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if (
+                proc.info["status"] != psutil.STATUS_ZOMBIE
+                and proc.environ().get("SPECSWEEP_JOB_ID") == job_id
+            ):
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_driver_runs_every_job_exactly_once_when_two_nodes(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """Six speculative configs + the baseline on two nodes: each job done once, exact row counts."""
+    out = tmp_path / "out"
+    summary, log = run(make_spec(models, out))
+    assert summary.counts == {"pending": 0, "leased": 0, "done": 7, "failed": 0}, log
+    _counts, jobs, attempts = queue_state(out)
+    assert [j.attempts for j in jobs] == [1] * 7
+    assert len(attempts) == 7 and {a.outcome for a in attempts} == {"done"}
+    assert {a.node for a in attempts} and len({a.slot for a in attempts}) == 2  # both slots worked
+    job_rows = rows(out, "jobs")
+    assert sorted(r["job_id"] for r in job_rows) == sorted(j.id for j in jobs)
+    assert {r["status"] for r in job_rows} == {"done"}
+    baseline = [r for r in job_rows if r["config_label"] == "baseline"]
+    assert len(baseline) == 1 and baseline[0]["effective_speculative_algorithm"] is None
+    assert len(rows(out, "levels")) == 7 * LEVELS
+    requests = rows(out, "requests")
+    assert len(requests) == 7 * LEVELS * REQUESTS_PER_LEVEL
+    assert all(r["error_type"] is None for r in requests)
+    assert len(rows(out, "sweep")) == 1
+    for job in jobs:  # one attempt, one server log, nothing left running
+        assert sorted(p.name for p in (out / "logs" / job.id).iterdir()) == ["attempt-1"]
+        assert processes_of_job(job.id) == []
+
+
+def test_driver_refuses_then_fails_once_when_base_args_have_a_bad_flag(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """A flag SGLang does not know: the plan drops every point naming it; forced into a run (no
+    validation), the job fails at once as bad_args, not retried, and the error names the flag."""
+    data = make_spec(
+        models, tmp_path / "out", base_args=["--tp-size", "8", "--bogus-flag", "1"], speculative=None
+    )
+    plan = plan_of(parse_spec(data))
+    assert plan.jobs == ()
+    assert all("--bogus-flag" in " ".join(v.reasons) for v in plan.dropped)
+    summary, log = run(data, unchecked_plan(parse_spec(data)))
+    assert summary.counts["failed"] == 1, log
+    _, jobs, attempts = queue_state(tmp_path / "out")
+    assert jobs[0].attempts == 1 and jobs[0].error_class == "bad_args"
+    assert "--bogus-flag" in (jobs[0].error_text or "")
+    assert len(attempts) == 1 and "--bogus-flag" in (attempts[0].log_tail or "")
+    (row,) = rows(tmp_path / "out", "jobs")
+    assert row["status"] == "failed" and row["error_class"] == "bad_args" and row["attempts"] == 1
+    assert rows(tmp_path / "out", "requests") == []
+
+
+def test_driver_fails_after_retries_when_server_crashes_every_time(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """Servers that crash mid-run on every attempt: each job gets 1 + retries attempts, the retry on
+    the other slot, each recorded with its class and log tail; then the job fails, with no results."""
+    env = {
+        "SPECSWEEP_SIM_TIME_SCALE": "0.05",
+        "SPECSWEEP_SIM_FAULT": "crash_after",
+        "SPECSWEEP_SIM_FAULT_AFTER": "2",
+    }
+    data = make_spec(models, tmp_path / "out", speculative={"chain_depths": [2]}, env=env, retries=1)
+    summary, log = run(data)
+    assert summary.counts["failed"] == 2, log
+    _, jobs, attempts = queue_state(tmp_path / "out")
+    for job in jobs:
+        assert job.attempts == 2 and job.error_class == "crash"
+        tries = [a for a in attempts if a.job_id == job.id]
+        assert [a.error_class for a in tries] == ["crash", "crash"]
+        assert all("illegal memory access" in (a.log_tail or "") for a in tries)
+        assert all("illegal memory access" in (a.error_text or "") for a in tries)
+        assert tries[0].slot != tries[1].slot  # retried on the other slot
+    job_rows = rows(tmp_path / "out", "jobs")
+    assert [(r["status"], r["attempts"]) for r in job_rows] == [("failed", 2), ("failed", 2)]
+    assert rows(tmp_path / "out", "requests") == []
+
+
+def test_driver_times_out_and_leaves_no_process_when_server_hangs_at_startup(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """A server that never becomes healthy: startup_timeout, and no process of it is left."""
+    env = {"SPECSWEEP_SIM_FAULT": "hang_before_ready"}
+    timeouts = {"startup_s": 3, "level_s": 60, "stop_s": 2, "placement_s": 60}
+    data = make_spec(models, tmp_path / "out", speculative=None, env=env, retries=0, timeouts=timeouts)
+    summary, log = run(data)
+    assert summary.counts["failed"] == 1, log
+    _, jobs, _attempts = queue_state(tmp_path / "out")
+    assert jobs[0].error_class == "startup_timeout" and jobs[0].attempts == 1
+    assert processes_of_job(jobs[0].id) == []
+
+
+def test_driver_errors_in_bounded_time_when_placement_is_impossible(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """16 GPUs per server on 8-GPU nodes: a ClusterError naming what was asked and what exists."""
+    timeouts = {"startup_s": 30, "level_s": 60, "stop_s": 5, "placement_s": 3}
+    data = make_spec(models, tmp_path / "out", speculative=None, gpus_per_server=16, timeouts=timeouts)
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as caught:
+        run(data)
+    assert time.monotonic() - started < 30
+    message = str(caught.value)
+    assert "16 GPUs" in message and "at most 8 on one node" in message and "16 in total" in message
+
+
+def _wait_done(out: Path, at_least: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (out / "queue.sqlite").exists():
+            try:
+                counts, _, _ = queue_state(out)
+            except sqlite3.OperationalError:
+                counts = {"done": 0}
+            if counts["done"] >= at_least:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {at_least} jobs done within {timeout_s} s")
+
+
+def _driver_cmd(spec_file: Path, cluster: Any, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "run",
+        str(spec_file),
+        "--ray-address",
+        cluster.address,
+        "--builtin-only",
+        *extra,
+    ]
+
+
+def test_driver_resumes_without_rerunning_when_killed_mid_sweep(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL the driver after two jobs are done; --resume completes the sweep, the finished jobs
+    are not run again (one attempt, files untouched) and row counts are exact."""
+    out = tmp_path / "out"
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(yaml.safe_dump(make_spec(models, out)))
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    first = subprocess.Popen(
+        _driver_cmd(spec_file, cluster), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        _wait_done(out, 2, timeout_s=120)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    _, jobs_before, _ = queue_state(out)
+    done_before = {j.id for j in jobs_before if j.state == "done"}
+    sweep_id = parse_spec(make_spec(models, out)).sweep_id()
+    stamps = {j: committed_jobs_file(out, sweep_id, j).stat().st_mtime_ns for j in done_before}
+    second = subprocess.run(
+        _driver_cmd(spec_file, cluster, "--resume"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    counts, jobs, _ = queue_state(out)
+    assert counts == {"pending": 0, "leased": 0, "done": 7, "failed": 0}
+    for job in jobs:
+        if job.id in done_before:
+            assert job.attempts == 1
+            assert sorted(p.name for p in (out / "logs" / job.id).iterdir()) == ["attempt-1"]
+    for job_id, stamp in stamps.items():
+        assert committed_jobs_file(out, sweep_id, job_id).stat().st_mtime_ns == stamp
+    assert len(rows(out, "jobs")) == 7
+    assert len(rows(out, "levels")) == 7 * LEVELS
+    assert len(rows(out, "requests")) == 7 * LEVELS * REQUESTS_PER_LEVEL
+
+
+def test_driver_retries_on_another_node_when_one_node_crashes_servers(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """A node whose servers crash mid-run (sim fault set in that node's environment): the job that
+    lands there is retried on another slot and completes; every job done once in the results."""
+    faulty = cluster.add_node(
+        node_ip_address=LOOPBACK,
+        num_cpus=2,
+        num_gpus=8,
+        env_vars={"SPECSWEEP_SIM_FAULT": "crash_after", "SPECSWEEP_SIM_FAULT_AFTER": "2"},
+    )
+    try:
+        data = make_spec(models, tmp_path / "out", speculative={"chain_depths": [2, 3]})
+        summary, log = run(data)
+        assert summary.counts == {"pending": 0, "leased": 0, "done": 3, "failed": 0}, log
+        _, jobs, attempts = queue_state(tmp_path / "out")
+        crashed = [a for a in attempts if a.error_class == "crash"]
+        assert crashed, f"no job ran on the faulty node:\n{log}"
+        for attempt in crashed:
+            (job,) = [j for j in jobs if j.id == attempt.job_id]
+            assert job.state == "done" and job.attempts == 2
+        assert len(rows(tmp_path / "out", "jobs")) == 3
+        assert len(rows(tmp_path / "out", "requests")) == 3 * LEVELS * REQUESTS_PER_LEVEL
+    finally:
+        cluster.remove_node(faulty)
+
+
+def test_driver_completes_on_other_node_when_node_removed_mid_job(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """A node dies while its job runs: the job is requeued and completes on the other node; no
+    duplicate rows; the server on the dead node is gone. (Last test: it takes a node away.)"""
+    out = tmp_path / "out"
+    env = {"SPECSWEEP_SIM_TIME_SCALE": "0.3"}  # jobs of several seconds, so the kill lands mid-job
+    data = make_spec(models, out, speculative={"chain_depths": [2, 3]}, env=env)
+    removed: dict[str, str] = {}
+
+    def kill_a_busy_node() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not removed:
+            time.sleep(0.3)
+            if not (out / "queue.sqlite").exists():
+                continue
+            try:
+                conn = open_read_only(out)
+                events = conn.execute("SELECT detail FROM events WHERE kind = 'slot_ready'").fetchall()
+                leased = conn.execute(
+                    "SELECT id, slot, leased_ns FROM jobs WHERE state = 'leased' ORDER BY leased_ns"
+                ).fetchall()
+                conn.close()
+            except sqlite3.OperationalError:
+                continue
+            for job_id, slot, leased_ns in leased:
+                if time.time_ns() - leased_ns < 1.5e9:
+                    continue
+                node_prefix = next(
+                    (d.split("(")[1].rstrip(")") for (d,) in events if d.startswith(f"slot {slot} ")), None
+                )
+                for node in cluster.workers:
+                    if node_prefix and node.node_id.startswith(node_prefix):
+                        removed["job"] = job_id
+                        cluster.remove_node(node, allow_graceful=False)
+                        return
+
+    killer = threading.Thread(target=kill_a_busy_node)
+    killer.start()
+    try:
+        summary, log = run(data)
+    finally:
+        killer.join()
+    assert removed, f"no node was removed:\n{log}"
+    assert summary.counts == {"pending": 0, "leased": 0, "done": 3, "failed": 0}, log
+    _, _jobs, attempts = queue_state(out)
+    lost = [a for a in attempts if a.job_id == removed["job"]]
+    assert [a.error_class for a in lost] == ["node_lost", None] and lost[1].outcome == "done"
+    assert len(rows(out, "jobs")) == 3
+    assert len(rows(out, "levels")) == 3 * LEVELS
+    assert len(rows(out, "requests")) == 3 * LEVELS * REQUESTS_PER_LEVEL
+    assert processes_of_job(removed["job"]) == []

@@ -1,0 +1,92 @@
+"""The SQLite job queue: leases with tokens, retries by slot, requeue, readable while written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.queue import JobQueue, open_read_only, read_attempts, read_counts
+
+
+def filled(tmp_path: Path, n: int = 3) -> JobQueue:
+    queue = JobQueue(tmp_path)
+    queue.add_jobs([(f"job{i}", f"label{i}", f'{{"n": {i}}}') for i in range(n)])
+    return queue
+
+
+def test_queue_hands_jobs_in_plan_order_when_leased(tmp_path: Path) -> None:
+    """Jobs come out in the order they were added, each with its own token and attempt 1."""
+    queue = filled(tmp_path)
+    leases = [queue.lease(slot, other_slots=True) for slot in range(3)]
+    assert [lease.job_id for lease in leases if lease] == ["job0", "job1", "job2"]
+    assert len({lease.token for lease in leases if lease}) == 3
+    assert queue.lease(0, other_slots=True) is None
+    assert queue.counts()["leased"] == 3
+
+
+def test_queue_ignores_result_when_lease_token_is_stale(tmp_path: Path) -> None:
+    """A result under an old token (the job was requeued and leased again) changes nothing."""
+    queue = filled(tmp_path, 1)
+    first = queue.lease(0, other_slots=True)
+    assert first is not None
+    queue.requeue(("leased",), "driver restarted")
+    second = queue.lease(1, other_slots=True)
+    assert second is not None and second.attempt == 2
+    assert not queue.complete(first, node="a")
+    assert queue.counts()["leased"] == 1
+    assert queue.complete(second, node="b")
+    assert queue.counts()["done"] == 1
+
+
+def test_queue_retries_on_another_slot_then_fails_when_failures_exceed_limit(tmp_path: Path) -> None:
+    """A failed job avoids its slot while another exists, and fails once past its retry limit."""
+    queue = filled(tmp_path, 1)
+    lease = queue.lease(0, other_slots=True)
+    assert lease is not None
+    assert (
+        queue.fail(lease, error_class="crash", error_text="boom", log_tail="tail", node="n0", retry_limit=1)
+        == "pending"
+    )
+    assert queue.lease(0, other_slots=True) is None  # waits for the other slot
+    retry = queue.lease(1, other_slots=True)
+    assert retry is not None and retry.attempt == 2
+    assert (
+        queue.fail(retry, error_class="crash", error_text="boom", log_tail=None, node="n1", retry_limit=1)
+        == "failed"
+    )
+    reader = open_read_only(tmp_path)
+    attempts = read_attempts(reader, "job0")
+    reader.close()
+    assert [(a.slot, a.outcome, a.error_class) for a in attempts] == [
+        (0, "failed", "crash"),
+        (1, "failed", "crash"),
+    ]
+
+
+def test_queue_reuses_same_slot_when_it_is_the_only_one(tmp_path: Path) -> None:
+    """With no other slot alive, a retry may run where it failed."""
+    queue = filled(tmp_path, 1)
+    lease = queue.lease(0, other_slots=False)
+    assert lease is not None
+    queue.fail(lease, error_class="crash", error_text="x", log_tail=None, node=None, retry_limit=2)
+    assert queue.lease(0, other_slots=False) is not None
+
+
+def test_queue_keeps_done_jobs_when_jobs_are_added_again(tmp_path: Path) -> None:
+    """Resume adds the plan again: known ids keep their state."""
+    queue = filled(tmp_path, 2)
+    lease = queue.lease(0, other_slots=True)
+    assert lease is not None and queue.complete(lease, node=None)
+    queue.close()
+    again = filled(tmp_path, 3)
+    assert again.counts() == {"pending": 2, "leased": 0, "done": 1, "failed": 0}
+
+
+def test_queue_is_readable_by_another_connection_when_driver_writes(tmp_path: Path) -> None:
+    """`specsweep status` reads a consistent view while the driver holds the file open (WAL)."""
+    queue = filled(tmp_path, 2)
+    reader = open_read_only(tmp_path)
+    assert read_counts(reader)["pending"] == 2
+    lease = queue.lease(0, other_slots=True)
+    assert lease is not None
+    assert read_counts(reader) == {"pending": 1, "leased": 1, "done": 0, "failed": 0}
+    reader.close()
