@@ -43,6 +43,7 @@ def summarize_level(
     if missing:
         raise ValueError(f"requests table lacks columns {sorted(missing)}")
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # the worker's log is not a terminal
     try:
         con.register("requests_in", requests)
         level_rows = con.sql(

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RATE_BINS = 64
+RATE_BINS = 16
 DEFAULT_REPLICATES = 1000
 DEFAULT_OBJECTIVE = "output_tok_s_per_gpu"
 

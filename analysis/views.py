@@ -108,6 +108,7 @@ def connect(out: Path) -> duckdb.DuckDBPyConnection:
 
     check_results_dir(out)
     con = duckdb.connect(":memory:")
+    con.execute("SET enable_progress_bar = false")
     _register_table(con, "sweep", sweep_table_glob(out), SWEEP_SCHEMA, partitions=("sweep",))
     _register_table(con, "jobs", job_table_glob(out, "jobs"), JOBS_SCHEMA, partitions=("sweep", "job"))
     _register_table(
