@@ -159,11 +159,9 @@ async def _send(
             else:
                 content = resp.content
                 feed = decoder.feed
-                add = stream.add
+                add_events = stream.add_events
                 while data := await content.readany():
-                    now = time.perf_counter_ns()
-                    for event in feed(data, now):
-                        add(event)
+                    add_events(feed(data, time.perf_counter_ns()))
     except asyncio.CancelledError:
         error = ("cut_off", f"run ended with the request in flight after {stream.completion_tokens} tokens")
     except TimeoutError:

@@ -77,27 +77,26 @@ class ResponseStream:
         """Tokens seen so far (the last ``completion_tokens`` value)."""
         return self._completion_tokens
 
-    def add(self, event: SSEEvent) -> None:
-        """Take one event; reads two integers, decodes nothing."""
-        payload = event.data
-        if payload == api.SSE_DONE:
-            self.done = True
-            self.done_ns = event.first_byte_ns
-            return
-        total = int_field(payload, _COMPLETION_TOKENS_KEY)
-        if total is None or total <= self._completion_tokens:
-            self._tail.append(payload)
-            return
-        self.chunk_arrival_ns.append(event.first_byte_ns)
-        self.chunk_tokens.append(total - self._completion_tokens)
-        self._completion_tokens = total
-        sent = int_field(payload, _SERVER_SEND_NS_KEY)
-        if sent is not None:
-            self.server_chunk_ns.append(sent)
-        if self._chat:
-            return
-        self._tail.clear()  # /generate: the newest token chunk is the final one unless others follow
-        self._tail.append(payload)
+    def add_events(self, events: list[SSEEvent]) -> None:
+        """Take the events of one read; reads two integers per event, decodes nothing."""
+        for first_byte_ns, payload, _ in events:
+            if payload == api.SSE_DONE:
+                self.done = True
+                self.done_ns = first_byte_ns
+                continue
+            total = int_field(payload, _COMPLETION_TOKENS_KEY)
+            if total is None or total <= self._completion_tokens:
+                self._tail.append(payload)
+                continue
+            self.chunk_arrival_ns.append(first_byte_ns)
+            self.chunk_tokens.append(total - self._completion_tokens)
+            self._completion_tokens = total
+            sent = int_field(payload, _SERVER_SEND_NS_KEY)
+            if sent is not None:
+                self.server_chunk_ns.append(sent)
+            if not self._chat:  # /generate: the newest token chunk is the final one unless others follow
+                self._tail.clear()
+                self._tail.append(payload)
 
     def final_stats(self) -> FinalStats:
         """Decode the tail chunks; raises ``StreamError`` for an error event or undecodable JSON."""

@@ -13,6 +13,7 @@ import re
 from typing import NamedTuple
 
 _DATA_PREFIX = b"data: "
+_TAIL_BYTES = 512
 _INT_VALUE = re.compile(rb"\s*:\s*(-?\d+)(?![\d.eE])")  # what follows a key whose value is an integer
 _IGNORED_FIELDS = frozenset((b"id", b"retry"))
 
@@ -54,6 +55,14 @@ class SSEDecoder:
 
     def feed(self, data: bytes, arrival_ns: int) -> list[SSEEvent]:
         """Events completed by ``data``, which arrived at ``arrival_ns``; raises ``SSEFormatError``."""
+        if (  # the common read: exactly one whole one-line data event
+            not self._buffer
+            and data.find(b"\n") == len(data) - 2
+            and data.endswith(b"\n\n")
+            and data.startswith(_DATA_PREFIX)
+            and b"\r" not in data
+        ):
+            return [SSEEvent(arrival_ns, data[6:-2])]
         if self._buffer:
             buffer = self._buffer + data
             first_ns = self._buffer_first_ns
@@ -124,7 +133,9 @@ def int_field(payload: bytes, quoted_key: bytes) -> int | None:
     match: there its quotes are escaped (``\\"``). None when the key is absent or its value is not an
     integer (``null``, a float).
     """
-    at = payload.rfind(quoted_key)
+    at = payload.rfind(quoted_key, max(0, len(payload) - _TAIL_BYTES))  # chunks end with the counters
+    if at < 0 and len(payload) > _TAIL_BYTES:
+        at = payload.rfind(quoted_key)
     if at < 0:
         return None
     found = _INT_VALUE.match(payload, at + len(quoted_key))

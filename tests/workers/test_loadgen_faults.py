@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.workers.wire_server import WireServer
+from tests.workers.wire_server import STREAMS, WireServer
 from workers.loadgen import LoadLevel, run_load
+from workers.sim_server import start_sim_server
 from workers.workloads import RandomIdsWorkload
 
 WORKLOAD = RandomIdsWorkload(input_tokens=8, output_tokens=10)
@@ -87,3 +88,37 @@ def test_run_load_parses_recorded_sglang_stream_when_wire_is_exact(wire: WireSer
         assert (record.chunk_tokens, record.completion_tokens) == ([3, 2, 4, 1], 10)
         assert (record.spec_verify_ct, record.spec_accept_length) == (4, 2.5)
         assert len(record.itl_per_token_ms or []) == 7 and len(record.itl_per_step_ms or []) == 3
+
+
+SIM_ARGS = ["--model-path", str(STREAMS.parent / "kimi-k2"), "--max-running-requests", "64"]
+
+
+def test_run_load_records_http_500_rows_when_sim_server_fails_some_requests() -> None:
+    """The simulated server's HTTP 500 fault: those requests are ``http_error`` 500 rows, the rest ok."""
+    env = {
+        "SPECSWEEP_SIM_FAULT": "http_500",
+        "SPECSWEEP_SIM_FAULT_EVERY": "2",
+        "SPECSWEEP_SIM_TIME_SCALE": "0.1",
+    }
+    with start_sim_server(SIM_ARGS, env=env) as sim:
+        result = run_load(sim.url, LoadLevel(concurrency=2, requests=8), WORKLOAD, calibration_streams=4)
+    assert len(result.records) == 8
+    failed = [r for r in result.records if r.error_type is not None]
+    assert len(failed) == 4
+    assert {(r.error_type, r.http_status) for r in failed} == {("http_error", 500)}
+    assert all("Internal server error" in (r.error_message or "") for r in failed)
+    assert all(r.completion_tokens == 10 for r in result.records if r.error_type is None)
+
+
+def test_run_load_records_timeouts_when_sim_server_hangs_mid_stream() -> None:
+    """The simulated scheduler stalls mid-stream: requests caught in it time out; earlier ones are kept."""
+    env = {
+        "SPECSWEEP_SIM_FAULT": "hang_mid_stream",
+        "SPECSWEEP_SIM_FAULT_AFTER": "2",
+        "SPECSWEEP_SIM_TIME_SCALE": "0.1",
+    }
+    level = LoadLevel(concurrency=1, requests=4, request_timeout_s=1.0)
+    with start_sim_server(SIM_ARGS, env=env) as sim:
+        result = run_load(sim.url, level, WORKLOAD, calibration_streams=4)
+    assert [r.error_type for r in result.records] == [None, None, "timeout", "timeout"]
+    assert result.records[2].completion_tokens is not None and result.records[2].completion_tokens >= 5

@@ -95,8 +95,7 @@ def test_int_field_reads_last_integer_when_key_present(payload: bytes, expected:
 
 def _stream(name: str, endpoint: str) -> ResponseStream:
     stream = ResponseStream(endpoint)
-    for event in _events((STREAMS / name).read_bytes(), []):
-        stream.add(event)
+    stream.add_events(_events((STREAMS / name).read_bytes(), []))
     return stream
 
 

@@ -1,0 +1,257 @@
+"""Load generator vs SGLang's own client, against the simulated server paced like a real one.
+
+One run (``python -m bench.loadgen``): the simulated server steps every 20 ms, each verify step streams 3
+tokens (EAGLE3 chain of 2 drafts, acceptance ~1), prefill takes one 20 ms step, every request asks for
+128 random input ids and 256 output tokens with ``ignore_eos``. An ideal client sees TTFT 20 ms, TPOT
+20/3 ms and ``streams / 1.72 s`` requests per second (1 prefill + 85 decode steps). At concurrency 256
+and 1024, the same requests (count, lengths) are sent by ``workers.loadgen`` and by
+``python -m sglang.benchmark.serving --backend sglang`` (random-ids, from .venv-sglang), each against a
+fresh server. Reported: achieved req/s and tok/s, TTFT and TPOT medians against the server-side truth
+(the server's own send stamps, and the design values), and our client-added delay per chunk (arrival
+minus the server's send stamp; p50/p99 over all chunks).
+
+Goals at 1024 streams: client-added delay p99 <= 2 ms, TPOT within 2% of truth, req/s >= 90% of ideal
+and >= 2x SGLang's client.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from bench.common import REPO, emit
+from tests.workers.sim_tokenizer import write_word_tokenizer
+from workers.loadgen import LoadLevel, LoadResult, run_load
+from workers.sim_server import start_sim_server
+from workers.workloads import RandomIdsWorkload
+
+STEP_S = 0.020
+TOKENS_PER_STEP = 3
+INPUT_TOKENS = 128
+OUTPUT_TOKENS = 256
+CYCLES = 3  # requests per stream: enough for the streams to cycle and desynchronise if the client lags
+CONCURRENCIES = (256, 1024)
+SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
+PACED_PROFILE = {
+    "name": "paced-20ms-3-tokens",
+    "overhead_s": 0.0,
+    "target_fixed_s": STEP_S,
+    "target_per_token_s": 0.0,
+    "draft_fixed_s": 0.0,
+    "draft_per_token_s": 0.0,
+    "prefill_fixed_s": STEP_S,
+    "prefill_per_token_s": 0.0,
+    "accept_first": 0.999999,
+    "accept_decay": 1.0,
+    "topk_gain": 0.0,
+    "temperature_penalty": 0.0,
+    "natural_output_tokens": OUTPUT_TOKENS,
+}
+SERVER_ARGS = [
+    "--model-path",
+    str(REPO / "tests" / "fixtures" / "kimi-k2"),
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-draft-model-path",
+    str(REPO / "tests" / "fixtures" / "eagle3-draft"),
+    "--speculative-num-steps",
+    str(TOKENS_PER_STEP - 1),
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    str(TOKENS_PER_STEP),
+    "--max-running-requests",
+    "4096",
+]
+DECODE_STEPS = math.ceil((OUTPUT_TOKENS - 1) / TOKENS_PER_STEP)
+IDEAL_REQUEST_S = (1 + DECODE_STEPS) * STEP_S
+TRUE_TTFT_MS = STEP_S * 1e3
+TRUE_TPOT_MS = DECODE_STEPS * STEP_S * 1e3 / (OUTPUT_TOKENS - 1)
+
+
+class CpuMeter:
+    """CPU seconds used by this process and its reaped children (the client), and by the server."""
+
+    def __init__(self, server_pid: int) -> None:
+        self._server = psutil.Process(server_pid)
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, float]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server = self._server.cpu_times()
+        client = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+        return client, server.user + server.system
+
+    def used(self) -> dict[str, float]:
+        client, server = self._read()
+        return {"client_cpu_s": client - self._start[0], "server_cpu_s": server - self._start[1]}
+
+
+def run_ours(url: str, streams: int) -> LoadResult:
+    level = LoadLevel(concurrency=streams, requests=CYCLES * streams)
+    return run_load(url, level, RandomIdsWorkload(input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS))
+
+
+def run_sglang(url: str, streams: int, tokenizer: Path, out: Path) -> dict:
+    argv = [
+        str(SGLANG_PYTHON),
+        "-m",
+        "sglang.benchmark.serving",
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        "--dataset-name",
+        "random-ids",
+        "--random-input-len",
+        str(INPUT_TOKENS),
+        "--random-output-len",
+        str(OUTPUT_TOKENS),
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(CYCLES * streams),
+        "--max-concurrency",
+        str(streams),
+        "--tokenizer",
+        str(tokenizer),
+        "--warmup-requests",
+        "0",
+        "--disable-tqdm",
+        "--output-file",
+        str(out),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=out.parent)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"sglang.benchmark.serving failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text().splitlines()[-1])
+
+
+def report_ours(streams: int, result: LoadResult, cpu: dict[str, float]) -> float:
+    """Our run's lines; truth per request is the server's own send stamps (same clock)."""
+    ok = [r for r in result.records if r.error_type is None]
+    duration_s = (max(r.end_ns for r in result.records) - min(r.start_ns for r in result.records)) / 1e9
+    req_s = len(ok) / duration_s
+    ttft = [r.ttft_ms for r in ok]
+    tpot = [r.tpot_ms for r in ok]
+    server_ttft = float(np.median([r.server_chunk_ns[0] / 1e6 for r in ok]))
+    server_tpot = float(
+        np.median(
+            [(r.server_chunk_ns[-1] - r.server_chunk_ns[0]) / 1e6 / (r.completion_tokens - 1) for r in ok]
+        )
+    )
+    delays_us = [
+        (arrival - sent) / 1e3
+        for r in ok
+        for arrival, sent in zip(r.chunk_arrival_ns, r.server_chunk_ns, strict=True)
+    ]
+    ideal = streams / IDEAL_REQUEST_S
+    tag = f"loadgen.c{streams}.ours"
+    common = {
+        "streams": streams,
+        "requests": len(result.records),
+        "errors": len(result.records) - len(ok),
+        **cpu,
+    }
+    emit(
+        f"{tag}.req_s",
+        "req/s",
+        req_s,
+        ideal_req_s=ideal,
+        ratio_to_ideal=req_s / ideal,
+        processes=result.processes,
+        **common,
+    )
+    emit(f"{tag}.tok_s", "tok/s", sum(r.completion_tokens for r in ok) / duration_s, **common)
+    emit(
+        f"{tag}.ttft_p50",
+        "ms",
+        float(np.median(ttft)),
+        ttft,
+        server_truth_ms=server_ttft,
+        design_truth_ms=TRUE_TTFT_MS,
+        **common,
+    )
+    emit(
+        f"{tag}.tpot_p50",
+        "ms",
+        float(np.median(tpot)),
+        tpot,
+        server_truth_ms=server_tpot,
+        design_truth_ms=TRUE_TPOT_MS,
+        error_vs_server_pct=100 * (float(np.median(tpot)) / server_tpot - 1),
+        error_vs_design_pct=100 * (float(np.median(tpot)) / TRUE_TPOT_MS - 1),
+        **common,
+    )
+    emit(
+        f"{tag}.client_delay_per_chunk",
+        "us",
+        float(np.percentile(delays_us, 99)),
+        delays_us,
+        loopback_p50_us=result.client_delay.p50_us,
+        loopback_p99_us=result.client_delay.p99_us,
+        **common,
+    )
+    return req_s
+
+
+def report_sglang(streams: int, out: dict, cpu: dict[str, float]) -> float:
+    """SGLang's client's lines, from its own output file (it has no per-request server stamps)."""
+    ideal = streams / IDEAL_REQUEST_S
+    tag = f"loadgen.c{streams}.sglang_client"
+    completed = int(out["completed"])
+    common = {"streams": streams, "requests": CYCLES * streams, "errors": CYCLES * streams - completed, **cpu}
+    req_s = float(out["request_throughput"])
+    tpot = float(out["median_tpot_ms"])
+    emit(f"{tag}.req_s", "req/s", req_s, ideal_req_s=ideal, ratio_to_ideal=req_s / ideal, **common)
+    emit(f"{tag}.tok_s", "tok/s", float(out["output_throughput"]), **common)
+    emit(f"{tag}.ttft_p50", "ms", float(out["median_ttft_ms"]), design_truth_ms=TRUE_TTFT_MS, **common)
+    emit(
+        f"{tag}.tpot_p50",
+        "ms",
+        tpot,
+        design_truth_ms=TRUE_TPOT_MS,
+        error_vs_design_pct=100 * (tpot / TRUE_TPOT_MS - 1),
+        **common,
+    )
+    return req_s
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="bench-loadgen-") as tmp:
+        work = Path(tmp)
+        profile = work / "paced.json"
+        profile.write_text(json.dumps(PACED_PROFILE))
+        tokenizer = write_word_tokenizer(work / "tokenizer")
+        env = {"SPECSWEEP_SIM_PROFILE": str(profile)}
+        for streams in CONCURRENCIES:
+            with start_sim_server(SERVER_ARGS, env=env) as server:
+                meter = CpuMeter(server.process.pid)
+                result = run_ours(server.url, streams)
+                ours_req_s = report_ours(streams, result, meter.used())
+            with start_sim_server(SERVER_ARGS, env=env) as server:
+                meter = CpuMeter(server.process.pid)
+                out = run_sglang(server.url, streams, tokenizer, work / f"sglang-{streams}.jsonl")
+                sglang_req_s = report_sglang(streams, out, meter.used())
+            emit(
+                f"loadgen.c{streams}.ours_vs_sglang_client",
+                "x",
+                ours_req_s / sglang_req_s,
+                streams=streams,
+                cpu_count=os.cpu_count(),
+                load_average_1m=os.getloadavg()[0],
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
