@@ -1,0 +1,102 @@
+"""``specsweep convert SRC DST``: turn an EAGLE3 draft into the layout SGLang loads, checked."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from harness.commands.base import Command
+from workers.conversion_report import ConversionReport
+from workers.converter import ConvertOptions, convert
+from workers.eagle3_format import Layout, SourceFormat
+
+STATUS_STYLE = {"pass": "green", "warn": "yellow"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", metavar="SRC", type=Path, help="draft checkpoint directory to convert")
+    parser.add_argument("dst", metavar="DST", type=Path, help="output directory (created atomically)")
+    parser.add_argument(
+        "--from",
+        dest="source_format",
+        choices=["auto", *SourceFormat],
+        default="auto",
+        help="input format (default auto: detected from config and keys, and reported)",
+    )
+    parser.add_argument(
+        "--target-config",
+        metavar="DIR",
+        type=Path,
+        help="target model directory (its config.json): check vocab, hidden size, aux layer ids",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=list(Layout),
+        default=Layout.MIDLAYER,
+        help="draft layer keys: midlayer.* (default; old and new SGLang) or layers.0.* (new SGLang only)",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="read .bin/.pt weights (pickle; loaded with torch weights_only=True)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace a DST that holds something else")
+    parser.add_argument("--json", action="store_true", help="print the conversion report as JSON")
+
+
+def _options(args: argparse.Namespace) -> ConvertOptions:
+    return ConvertOptions(
+        source_format=None if args.source_format == "auto" else SourceFormat(args.source_format),
+        target_config=args.target_config,
+        layout=Layout(args.layout),
+        allow_pickle=args.allow_pickle,
+        force=args.force,
+    )
+
+
+def print_human(report: ConversionReport, console: Console) -> None:
+    """What happened, in a dozen lines: the format and why, checks, drops, where the output is."""
+    if report.reused:
+        console.print(
+            f"[bold]{report.destination}[/bold] already holds this conversion "
+            f"(source xxh3 {report.source_digest[:16]}…): nothing to do"
+        )
+        return
+    console.print(f"detected format: [bold]{report.source_format}[/bold] ({report.detection})")
+    for check in report.checks:
+        style = STATUS_STYLE[check.status]
+        console.print(f"  [{style}]{check.status:4}[/{style}] {check.name}: {check.detail}")
+    for dropped in report.dropped:
+        console.print(f"  dropped {dropped.key}: {dropped.reason}")
+    for change in report.config_changes:
+        console.print(f"  config: {change}")
+    mib = report.bytes_written / (1 << 20)
+    rate = mib / report.seconds if report.seconds else 0.0
+    console.print(
+        f"wrote {len(report.tensors)} tensors ({mib:.1f} MiB, {rate:.0f} MiB/s) to "
+        f"[bold]{report.destination}[/bold]; details in conversion.json"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    report = convert(args.src, args.dst, _options(args))
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print_human(report, Console(highlight=False))
+    return 0
+
+
+COMMAND = Command(
+    name="convert",
+    help="convert an EAGLE3 draft checkpoint to the layout SGLang loads, with every check",
+    add_arguments=add_arguments,
+    run=run,
+    description=(
+        "Convert a speculators, SGLang-native or original-EAGLE EAGLE3 draft into a directory SGLang "
+        "loads as --speculative-draft-model-path. Refuses anything it cannot map exactly; writes "
+        "conversion.json with the key mapping, hashes and every check. Re-running is a no-op."
+    ),
+)
