@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.select import Selection
+from analysis.select import Interval, Selection
 
 if TYPE_CHECKING:
     import duckdb
@@ -175,10 +175,10 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def _ci(interval: object) -> str:
+def _ci(interval: Interval | None) -> str:
     if interval is None:
         return "-"
-    return f"[{interval.low:.3f}, {interval.high:.3f}]"  # type: ignore[attr-defined]
+    return f"[{interval.low:.3f}, {interval.high:.3f}]"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -363,8 +363,10 @@ def _mad(values: list[float]) -> float:
     return _median([abs(v - center) for v in values])
 
 
-def _ratio(config, baseline, metric: Metric):  # type: ignore[no-untyped-def]
-    """Speedup: config / baseline for higher-is-better objectives, baseline / config otherwise."""
+def _ratio(config: Any, baseline: Any, metric: Metric) -> Any:
+    """Speedup: config / baseline for higher-is-better objectives, baseline / config otherwise.
+
+    Works alike on point values (float) and on bootstrap replicates (arrays)."""
     return baseline / config if metric.better == "lower" else config / baseline
 
 

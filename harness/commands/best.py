@@ -6,8 +6,14 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.commands.base import Command
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from analysis.select import Selection
 
 
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def selection_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnection, Selection]:
     """Open OUT and run the selection the flags ask for (shared with ``report``)."""
     from analysis.select import SLO_METRICS, select_best
     from analysis.slo import parse_slos
@@ -83,7 +89,7 @@ def _num(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
-def format_selection(selection) -> str:  # type: ignore[no-untyped-def]
+def format_selection(selection: Selection) -> str:
     """The human-readable ranking: one block per load level."""
     slos = ", ".join(selection.slos) or "none"
     lines = [
