@@ -96,8 +96,8 @@ class CpuMeter:
         return {"client_cpu_s": client - self._start[0], "server_cpu_s": server - self._start[1]}
 
 
-def run_ours(url: str, streams: int) -> LoadResult:
-    level = LoadLevel(concurrency=streams, requests=CYCLES * streams)
+def run_ours(url: str, streams: int, processes: int | None = None) -> LoadResult:
+    level = LoadLevel(concurrency=streams, requests=CYCLES * streams, processes=processes)
     return run_load(url, level, RandomIdsWorkload(input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS))
 
 
@@ -136,7 +136,7 @@ def run_sglang(url: str, streams: int, tokenizer: Path, out: Path) -> dict:
     return json.loads(out.read_text().splitlines()[-1])
 
 
-def report_ours(streams: int, result: LoadResult, cpu: dict[str, float]) -> float:
+def report_ours(streams: int, result: LoadResult, cpu: dict[str, float], tag: str) -> tuple[float, float]:
     """Our run's lines; truth per request is the server's own send stamps (same clock)."""
     ok = [r for r in result.records if r.error_type is None]
     duration_s = (max(r.end_ns for r in result.records) - min(r.start_ns for r in result.records)) / 1e9
@@ -155,7 +155,6 @@ def report_ours(streams: int, result: LoadResult, cpu: dict[str, float]) -> floa
         for arrival, sent in zip(r.chunk_arrival_ns, r.server_chunk_ns, strict=True)
     ]
     ideal = streams / IDEAL_REQUEST_S
-    tag = f"loadgen.c{streams}.ours"
     common = {
         "streams": streams,
         "requests": len(result.records),
@@ -172,6 +171,7 @@ def report_ours(streams: int, result: LoadResult, cpu: dict[str, float]) -> floa
         **common,
     )
     emit(f"{tag}.tok_s", "tok/s", sum(r.completion_tokens for r in ok) / duration_s, **common)
+    cpu_per_chunk = emit_cpu_per_chunk(tag, sum(len(r.chunk_tokens or []) for r in result.records), common)
     emit(
         f"{tag}.ttft_p50",
         "ms",
@@ -201,10 +201,24 @@ def report_ours(streams: int, result: LoadResult, cpu: dict[str, float]) -> floa
         loopback_p99_us=result.client_delay.p99_us,
         **common,
     )
-    return req_s
+    return req_s, cpu_per_chunk
 
 
-def report_sglang(streams: int, out: dict, cpu: dict[str, float]) -> float:
+def emit_cpu_per_chunk(tag: str, chunks: int, common: dict) -> float:
+    """Client CPU per streamed chunk: the cost that decides how many streams one core can drive."""
+    per_chunk = common["client_cpu_s"] / chunks * 1e6
+    emit(
+        f"{tag}.client_cpu_per_chunk",
+        "us",
+        per_chunk,
+        chunks=chunks,
+        server_cpu_per_chunk_us=common["server_cpu_s"] / chunks * 1e6,
+        **common,
+    )
+    return per_chunk
+
+
+def report_sglang(streams: int, out: dict, cpu: dict[str, float]) -> tuple[float, float]:
     """SGLang's client's lines, from its own output file (it has no per-request server stamps)."""
     ideal = streams / IDEAL_REQUEST_S
     tag = f"loadgen.c{streams}.sglang_client"
@@ -214,6 +228,7 @@ def report_sglang(streams: int, out: dict, cpu: dict[str, float]) -> float:
     tpot = float(out["median_tpot_ms"])
     emit(f"{tag}.req_s", "req/s", req_s, ideal_req_s=ideal, ratio_to_ideal=req_s / ideal, **common)
     emit(f"{tag}.tok_s", "tok/s", float(out["output_throughput"]), **common)
+    cpu_per_chunk = emit_cpu_per_chunk(tag, completed * (1 + DECODE_STEPS), common)
     emit(f"{tag}.ttft_p50", "ms", float(out["median_ttft_ms"]), design_truth_ms=TRUE_TTFT_MS, **common)
     emit(
         f"{tag}.tpot_p50",
@@ -223,7 +238,7 @@ def report_sglang(streams: int, out: dict, cpu: dict[str, float]) -> float:
         error_vs_design_pct=100 * (tpot / TRUE_TPOT_MS - 1),
         **common,
     )
-    return req_s
+    return req_s, cpu_per_chunk
 
 
 def main() -> int:
@@ -237,18 +252,23 @@ def main() -> int:
             with start_sim_server(SERVER_ARGS, env=env) as server:
                 meter = CpuMeter(server.process.pid)
                 result = run_ours(server.url, streams)
-                ours_req_s = report_ours(streams, result, meter.used())
+                ours_req_s, ours_cpu = report_ours(streams, result, meter.used(), f"loadgen.c{streams}.ours")
+            if result.processes > 1:  # the automatic choice, against one process
+                with start_sim_server(SERVER_ARGS, env=env) as server:
+                    meter = CpuMeter(server.process.pid)
+                    single = run_ours(server.url, streams, processes=1)
+                    report_ours(streams, single, meter.used(), f"loadgen.c{streams}.ours_one_process")
             with start_sim_server(SERVER_ARGS, env=env) as server:
                 meter = CpuMeter(server.process.pid)
                 out = run_sglang(server.url, streams, tokenizer, work / f"sglang-{streams}.jsonl")
-                sglang_req_s = report_sglang(streams, out, meter.used())
+                sglang_req_s, sglang_cpu = report_sglang(streams, out, meter.used())
+            context = {"streams": streams, "cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}
+            emit(f"loadgen.c{streams}.ours_vs_sglang_client.req_s", "x", ours_req_s / sglang_req_s, **context)
             emit(
-                f"loadgen.c{streams}.ours_vs_sglang_client",
+                f"loadgen.c{streams}.sglang_client_vs_ours.cpu_per_chunk",
                 "x",
-                ours_req_s / sglang_req_s,
-                streams=streams,
-                cpu_count=os.cpu_count(),
-                load_average_1m=os.getloadavg()[0],
+                sglang_cpu / ours_cpu,
+                **context,
             )
     return 0
 

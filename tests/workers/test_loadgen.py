@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.loadgen import LoadLevel, LoadResult, run_load
+from workers.loadgen import LoadLevel, LoadResult, auto_processes, run_load
 from workers.sim_server import SimServerHandle, start_sim_server
 from workers.workloads import JsonlPromptsWorkload, RandomIdsWorkload
 
@@ -168,3 +168,16 @@ def test_run_load_merges_shards_when_several_processes(sim: SimServerHandle) -> 
     last_start = max(r.start_ns for r in result.records)
     counts = _in_flight(result, np.linspace(first_end, last_start, 500))
     assert counts.max() == 8 and np.mean(counts == 8) > 0.8
+
+
+@pytest.mark.parametrize(
+    ("cores", "concurrency", "expected"),
+    [(2, 1024, 1), (16, 64, 1), (16, 1024, 2), (16, 100_000, 8), (1, 4096, 1)],
+)
+def test_auto_processes_uses_at_most_half_the_cores_when_concurrency_is_high(
+    monkeypatch: pytest.MonkeyPatch, cores: int, concurrency: int, expected: int
+) -> None:
+    """One client process per 768 streams, never more than half the cores (the server needs the rest)."""
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    assert auto_processes(LoadLevel(concurrency=concurrency, requests=1)) == expected
+    assert auto_processes(LoadLevel(concurrency=concurrency, requests=1, processes=3)) == 3
