@@ -40,7 +40,7 @@ body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px;
 h1 { margin-bottom: 0.2rem; } .meta { color: #666; }
 table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.9rem; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
-th:first-child, td:first-child, td.label { text-align: left; }
+th:first-child, td:first-child, td.label, th.label { text-align: left; }
 .winner { background: #eef8ee; border: 1px solid #9c9; padding: 0.8rem 1rem; margin: 0.8rem 0; }
 pre { white-space: pre-wrap; word-break: break-all; background: #f6f6f6; padding: 0.6rem; }
 .note { color: #a60; } figure { margin: 1.5rem 0; } figcaption { font-weight: 600; }
@@ -146,7 +146,7 @@ def _tables(selection: Selection) -> str:
     for level in selection.levels:
         head = "".join(f"<th>{html.escape(n)}</th>" for n in slo_names)
         parts.append(
-            f"<h3>{html.escape(level.load_level)}</h3><table><tr><th>#</th><th>config</th>"
+            f"<h3>{html.escape(level.load_level)}</h3><table><tr><th>#</th><th class='label'>config</th>"
             f"<th>{html.escape(selection.objective)}</th><th>MAD</th><th>repeats</th><th>speedup</th>"
             f"<th>95% CI</th>{head}<th>note</th></tr>"
         )
@@ -248,10 +248,14 @@ def _line_plot(
 ) -> str:
     fig = _new_figure()
     ax = fig.add_subplot()
-    for label, (xs, ys) in _series(con, column).items():
+    series = _series(con, column)
+    for label, (xs, ys) in series.items():
         color, style = colors.get(label, ("#888888", "-"))
         ax.plot(xs, ys, style, color=color, marker="o", markersize=3, label=label)
     ax.set_xscale("log", base=2)
+    ticks = sorted({x for xs, _ in series.values() for x in xs})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("concurrency")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
