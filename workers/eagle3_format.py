@@ -549,12 +549,13 @@ def _wrong_shape(tensor: TensorFacts, expected: tuple[int, ...], dims: DraftDims
 def _check_d2t_dtype(tensor: TensorFacts) -> list[Problem]:
     if tensor.dtype == "I64":
         return []
-    if tensor.dtype in FLOAT_DTYPES:
-        why = "floats hold ids exactly only up to 256 (bf16) / 2048 (f16)" if tensor.dtype != "F32" else ""
+    exact_up_to = {"BF16": 256, "F16": 2048, "F32": 1 << 24}
+    if tensor.dtype in exact_up_to:
         return [
             Problem(
                 "d2t",
-                f"stored as {tensor.dtype}{': ' + why if why else ''}; the offsets are damaged",
+                f"stored as {tensor.dtype}, which holds integers exactly only up to "
+                f"{exact_up_to[tensor.dtype]}; larger offsets are rounded and map to wrong target ids",
                 "re-export d2t as int64 from the training vocab map (do not cast the damaged one back)",
             )
         ]

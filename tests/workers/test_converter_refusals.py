@@ -1,0 +1,267 @@
+"""Drafter conversion refuses each bad input with a message naming the key or field and the fix.
+
+Every case starts from a valid generated checkpoint, breaks one thing, and checks that conversion
+fails with ConversionError, that the message names the culprit and a fix, and that no DST appears.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specsweep.errors import ConversionError
+from workers.converter import ConvertOptions, convert
+from workers.eagle3_fixtures import (
+    TINY,
+    FixtureCheckpoint,
+    FixtureTensor,
+    bf16_bits,
+    build_checkpoint,
+    materialise,
+    vocab_map,
+    with_data,
+    write_checkpoint,
+    write_target_config,
+)
+from workers.eagle3_format import SourceFormat
+
+REPO = Path(__file__).resolve().parents[2]
+Q_PROJ = "layers.0.self_attn.q_proj.weight"
+
+
+def _set_value(name: str, value: float) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        data = materialise(checkpoint.tensors[name]).copy()
+        data.reshape(-1)[7] = bf16_bits(np.array([value], dtype=np.float32))[0]
+        checkpoint.tensors[name] = with_data(checkpoint.tensors[name], data)
+
+    return edit
+
+
+def _fill(name: str, value: float) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        tensor = checkpoint.tensors[name]
+        data = np.full(tensor.shape, bf16_bits(np.array([value], dtype=np.float32))[0], dtype=np.uint16)
+        checkpoint.tensors[name] = with_data(tensor, data)
+
+    return edit
+
+
+def _wrong_shape(checkpoint: FixtureCheckpoint) -> None:
+    tensor = checkpoint.tensors[Q_PROJ]
+    checkpoint.tensors[Q_PROJ] = FixtureTensor("BF16", (tensor.shape[0], tensor.shape[1] // 2), seed=3)
+
+
+def _add_key(name: str, shape: tuple[int, ...]) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        checkpoint.tensors[name] = FixtureTensor("BF16", shape, seed=4)
+
+    return edit
+
+
+def _drop_key(name: str) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        del checkpoint.tensors[name]
+
+    return edit
+
+
+def _d2t_absolute(checkpoint: FixtureCheckpoint) -> None:
+    d2t, _ = vocab_map(TINY)
+    ids = d2t + np.arange(TINY.draft_vocab_size)
+    checkpoint.tensors["d2t"] = FixtureTensor("I64", ids.shape, ids)
+
+
+def _d2t_bf16(checkpoint: FixtureCheckpoint) -> None:
+    d2t, _ = vocab_map(TINY)
+    checkpoint.tensors["d2t"] = FixtureTensor("BF16", d2t.shape, bf16_bits(d2t.astype(np.float32)))
+
+
+def _t2d_extra_id(checkpoint: FixtureCheckpoint) -> None:
+    _, t2d = vocab_map(TINY)
+    t2d = t2d.copy()
+    t2d[np.flatnonzero(~t2d)[0]] = True
+    checkpoint.tensors["t2d"] = FixtureTensor("BOOL", t2d.shape, t2d)
+
+
+def _config(**changes: object) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        checkpoint.config.update(changes)
+
+    return edit
+
+
+def _layer_config(**changes: object) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        checkpoint.config["transformer_layer_config"].update(changes)
+
+    return edit
+
+
+# case -> (source format, edit, options, words the message must contain: culprit and fix)
+CASES: dict[str, tuple[SourceFormat, Callable[[FixtureCheckpoint], None], dict, tuple[str, ...]]] = {
+    "nan weight": (SourceFormat.SPECULATORS, _set_value(Q_PROJ, float("nan")), {}, (Q_PROJ, "NaN", "fix:")),
+    "inf weight": (
+        SourceFormat.SPECULATORS,
+        _set_value("fc.weight", -float("inf")),
+        {},
+        ("fc.weight", "inf"),
+    ),
+    "all-zero weight": (
+        SourceFormat.SPECULATORS,
+        _fill("lm_head.weight", 0.0),
+        {},
+        ("lm_head.weight", "zeros"),
+    ),
+    "constant weight": (SourceFormat.SPECULATORS, _fill("fc.weight", 0.5), {}, ("fc.weight", "0.5")),
+    "wrong shape": (
+        SourceFormat.SPECULATORS,
+        _wrong_shape,
+        {},
+        (Q_PROJ, "expected [64, 128]", "hidden_size"),
+    ),
+    "unknown key": (
+        SourceFormat.SPECULATORS,
+        _add_key("layers.0.mlp.extra.weight", (4,)),
+        {},
+        ("mlp.extra",),
+    ),
+    "missing key": (
+        SourceFormat.SPECULATORS,
+        _drop_key("layers.0.hidden_norm.weight"),
+        {},
+        ("midlayer.hidden_norm.weight", "missing"),
+    ),
+    "qwen3 q norm": (
+        SourceFormat.SPECULATORS,
+        _add_key("layers.0.self_attn.q_norm.weight", (16,)),
+        {},
+        ("q_norm", "qwen3"),
+    ),
+    "extra layer": (
+        SourceFormat.SPECULATORS,
+        _add_key("layers.1.input_layernorm.weight", (64,)),
+        {},
+        ("layers.1", "extra draft layer"),
+    ),
+    "input_norm": (SourceFormat.SPECULATORS, _add_key("input_norm.weight", (192,)), {}, ("input_norm",)),
+    "d2t absolute ids": (SourceFormat.SPECULATORS, _d2t_absolute, {}, ("d2t", "absolute", "arange")),
+    "d2t as bf16": (SourceFormat.SPECULATORS, _d2t_bf16, {}, ("d2t", "BF16", "int64")),
+    "t2d count": (SourceFormat.SPECULATORS, _t2d_extra_id, {}, ("t2d", "marks 97", "96")),
+    "missing d2t": (SourceFormat.SPECULATORS, _drop_key("d2t"), {}, ("d2t", "missing", "offsets")),
+    "tie word embeddings": (
+        SourceFormat.SGLANG,
+        _config(tie_word_embeddings=True),
+        {},
+        ("tie_word_embeddings", "false"),
+    ),
+    "speculators tied": (
+        SourceFormat.SPECULATORS,
+        _layer_config(tie_word_embeddings=True),
+        {},
+        ("tie_word_embeddings",),
+    ),
+    "LlamaForCausalLM kept": (
+        SourceFormat.EAGLE,
+        lambda checkpoint: None,
+        {"source_format": SourceFormat.SGLANG},
+        ("architectures", "LlamaForCausalLM", "--from eagle"),
+    ),
+    "norm_before_residual": (
+        SourceFormat.SPECULATORS,
+        _config(norm_before_residual=True),
+        {},
+        ("norm_before_residual",),
+    ),
+    "qwen3 layer": (SourceFormat.SPECULATORS, _layer_config(model_type="qwen3"), {}, ("model_type", "qwen3")),
+    "unknown config field": (SourceFormat.SPECULATORS, _config(fancy_mode=True), {}, ("fancy_mode",)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_convert_refuses_with_key_and_fix_when_checkpoint_is_bad(case: str, tmp_path: Path) -> None:
+    """Each bad input fails before DST exists, naming the key/field and a fix."""
+    source_format, edit, options, words = CASES[case]
+    checkpoint = build_checkpoint(source_format)
+    edit(checkpoint)
+    src = write_checkpoint(checkpoint, tmp_path / "src")
+    with pytest.raises(ConversionError) as caught:
+        convert(src, tmp_path / "out", ConvertOptions(**options))
+    message = str(caught.value)
+    for word in words:
+        assert word in message, f"{word!r} not in:\n{message}"
+    assert "fix:" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_convert_refuses_when_target_vocab_differs(tmp_path: Path) -> None:
+    """--target-config with another vocab size is refused, naming vocab_size and both numbers."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS), tmp_path / "src")
+    target = write_target_config(tmp_path / "target", TINY)
+    config = json.loads((target / "config.json").read_text())
+    config["vocab_size"] = 163840
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ConversionError, match=r"vocab_size: draft says target vocab 256, the target config says 163840"
+    ):
+        convert(src, tmp_path / "out", ConvertOptions(target_config=target))
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_refuses_when_aux_layer_count_disagrees_with_fc_width(tmp_path: Path) -> None:
+    """Four aux layer ids against an fc trained on three is refused, explaining the width."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    checkpoint.config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3, 6]
+    src = write_checkpoint(checkpoint, tmp_path / "src")
+    with pytest.raises(
+        ConversionError, match=r"fc.weight: shape \[64, 192\]: width 192 = 3 aux hidden states"
+    ):
+        convert(src, tmp_path / "out")
+
+
+def test_convert_refuses_when_safetensors_file_truncated(tmp_path: Path) -> None:
+    """A file cut short is refused before copying, saying how many bytes the header promised."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS), tmp_path / "src")
+    weights = src / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(ConversionError, match="truncated: the header promises") as caught:
+        convert(src, tmp_path / "out")
+    assert "model.safetensors" in str(caught.value) and "download it again" in str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_refuses_pickle_when_allow_pickle_not_given(tmp_path: Path) -> None:
+    """.bin weights are refused without --allow-pickle (CLI exit 2, no traceback)."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.EAGLE), tmp_path / "src", as_pickle=True)
+    with pytest.raises(ConversionError, match="--allow-pickle"):
+        convert(src, tmp_path / "out")
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "convert", str(src), str(tmp_path / "out")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "pytorch_model.bin" in proc.stderr and "--allow-pickle" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_lists_every_problem_when_several_keys_are_bad(tmp_path: Path) -> None:
+    """All key/shape problems come in one message, not one per run."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    _wrong_shape(checkpoint)
+    _drop_key("layers.0.hidden_norm.weight")(checkpoint)
+    _add_key("mystery.weight", (3,))(checkpoint)
+    src = write_checkpoint(checkpoint, tmp_path / "src")
+    with pytest.raises(ConversionError, match="3 problems") as caught:
+        convert(src, tmp_path / "out")
+    message = str(caught.value)
+    assert Q_PROJ in message and "hidden_norm" in message and "mystery.weight" in message
