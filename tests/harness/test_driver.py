@@ -40,7 +40,6 @@ pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parents[2]
 LEVELS = 2
 REQUESTS_PER_LEVEL = 3
-LOOPBACK = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +63,8 @@ def cluster(env_dirs: Path) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "node_ip_address": LOOPBACK})
-    c.workers = [c.add_node(num_cpus=2, num_gpus=8, node_ip_address=LOOPBACK) for _ in range(2)]
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    c.workers = [c.add_node(num_cpus=2, num_gpus=8) for _ in range(2)]
     ray.init(address=c.address, namespace="specsweep", log_to_driver=False)
     yield c
     ray.shutdown()
@@ -267,7 +266,7 @@ def test_driver_errors_in_bounded_time_when_placement_is_impossible(
     assert "16 GPUs" in message and "at most 8 on one node" in message and "16 in total" in message
 
 
-def _wait_done(out: Path, at_least: int, timeout_s: float) -> None:
+def _wait_done(out: Path, at_least: int, timeout_s: float, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (out / "queue.sqlite").exists():
@@ -278,7 +277,7 @@ def _wait_done(out: Path, at_least: int, timeout_s: float) -> None:
             if counts["done"] >= at_least:
                 return
         time.sleep(0.2)
-    raise AssertionError(f"fewer than {at_least} jobs done within {timeout_s} s")
+    raise AssertionError(f"fewer than {at_least} jobs done within {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
 def _driver_cmd(spec_file: Path, cluster: Any, *extra: str) -> list[str]:
@@ -303,12 +302,14 @@ def test_driver_resumes_without_rerunning_when_killed_mid_sweep(
     out = tmp_path / "out"
     spec_file = tmp_path / "sweep.yaml"
     spec_file.write_text(yaml.safe_dump(make_spec(models, out)))
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
-    first = subprocess.Popen(
-        _driver_cmd(spec_file, cluster), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    env = dict(os.environ)
+    first_log = tmp_path / "first-driver.log"
+    with open(first_log, "wb") as log_file:
+        first = subprocess.Popen(
+            _driver_cmd(spec_file, cluster), cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
     try:
-        _wait_done(out, 2, timeout_s=120)
+        _wait_done(out, 2, timeout_s=120, log=first_log)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -344,7 +345,6 @@ def test_driver_retries_on_another_node_when_one_node_crashes_servers(
     """A node whose servers crash mid-run (sim fault set in that node's environment): the job that
     lands there is retried on another slot and completes; every job done once in the results."""
     faulty = cluster.add_node(
-        node_ip_address=LOOPBACK,
         num_cpus=2,
         num_gpus=8,
         env_vars={"SPECSWEEP_SIM_FAULT": "crash_after", "SPECSWEEP_SIM_FAULT_AFTER": "2"},
