@@ -53,6 +53,7 @@ T = TypeVar("T")
 # ~37,000 chunks/s per core, i.e. ~740 streams at 50 chunks/s each.
 STREAMS_PER_PROCESS = 768
 _READ_BUFFER = 1 << 20
+CUT_OFF = "cut_off"  # error_type of a request still running when the run was stopped
 _ERROR_BODY_BYTES = 2048
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _WORKLOAD_ADAPTER: TypeAdapter[Workload] = TypeAdapter(Workload)
@@ -121,6 +122,7 @@ class LoadResult:
     achieved_rate_rps: float | None  # requests sent per second (open loop: over the schedule's window)
     processes: int
     cache_flushed: bool | None  # None when not asked
+    interrupted: bool  # stopped by Ctrl-C: the records are those made until then
 
     @property
     def num_errors(self) -> int:
@@ -165,7 +167,7 @@ async def _send(
                 while data := await content.readany():
                     add_events(feed(data, time.perf_counter_ns()))
     except asyncio.CancelledError:
-        error = ("cut_off", f"run ended with the request in flight after {stream.completion_tokens} tokens")
+        error = (CUT_OFF, f"run ended with the request in flight after {stream.completion_tokens} tokens")
     except TimeoutError:
         timeout = ctx.level.request_timeout_s
         error = ("timeout", f"no complete response within {timeout:g} s ({stream.completion_tokens} tokens)")
@@ -317,7 +319,10 @@ async def _closed_loop(
         for prep in requests:
             if deadline_abs_ns is not None and time.perf_counter_ns() >= deadline_abs_ns:
                 return
-            records.append(await _send(session, ctx, prep, None))
+            record = await _send(session, ctx, prep, None)
+            records.append(record)
+            if record.error_type == CUT_OFF:  # the run is being stopped (duration over, or Ctrl-C)
+                return
 
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
     await _finish(tasks, ctx.level, deadline_abs_ns)
@@ -431,11 +436,11 @@ async def _run_measured(
     requests: Iterator[PreparedRequest],
     shard: _Shard,
     t0_ns: int,
-) -> list[RequestRecord]:
-    """This process's share of the measured requests, starting at ``t0_ns``."""
+    records: list[RequestRecord],
+) -> None:
+    """This process's share of the measured requests, starting at ``t0_ns``, appended to ``records``."""
     ctx = _Context(base_url, level, t0_ns, warmup=False)
     deadline = t0_ns + round(level.duration_s * 1e9) if level.duration_s is not None else None
-    records: list[RequestRecord] = []
     await _sleep_until(t0_ns)
     if level.concurrency is not None:
         await _closed_loop(session, ctx, requests, shard.share(level.concurrency), deadline, records)
@@ -443,7 +448,6 @@ async def _run_measured(
         offsets = (o for k, o in enumerate(arrival_offsets_ns(level)) if k % shard.count == shard.index)
         cap = shard.share(level.max_concurrency) if level.max_concurrency else None
         await _open_loop(session, ctx, requests, offsets, cap, deadline, records)
-    return records
 
 
 async def _warmup(
@@ -563,11 +567,16 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
             return await _warmup(session, base_url, level, workload)
 
     warmup_records, flushed = _run_async(warmup)
+    records: list[RequestRecord] = []
+    interrupted = False
     with _no_gc_pauses():
-        if processes == 1:
-            records = _run_async(lambda: _run_one_process(base_url, level, workload))
-        else:
-            records = _run_shard_processes(base_url, level, workload, processes)
+        try:
+            if processes == 1:
+                _run_async(lambda: _run_one_process(base_url, level, workload, records))
+            else:
+                _run_shard_processes(base_url, level, workload, processes, records)
+        except KeyboardInterrupt:  # in-flight requests became cut_off records; keep them all
+            interrupted = True
     records.sort(key=lambda r: (r.start_ns, r.request_id))
     return LoadResult(
         level=level,
@@ -578,15 +587,18 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
         achieved_rate_rps=_achieved_rate(level, records),
         processes=processes,
         cache_flushed=flushed,
+        interrupted=interrupted,
     )
 
 
-async def _run_one_process(base_url: str, level: LoadLevel, workload: Workload) -> list[RequestRecord]:
+async def _run_one_process(
+    base_url: str, level: LoadLevel, workload: Workload, records: list[RequestRecord]
+) -> None:
     shard = _Shard(0, 1)
     requests = _prepared_requests(level, workload, shard)
     async with _session(level.streams, level) as session:
         t0_ns = time.perf_counter_ns()
-        return await _run_measured(session, base_url, level, requests, shard, t0_ns)
+        await _run_measured(session, base_url, level, requests, shard, t0_ns, records)
 
 
 def _achieved_rate(level: LoadLevel, records: list[RequestRecord]) -> float | None:
@@ -608,9 +620,13 @@ _START_MARGIN_NS = 200_000_000  # shards are told the start time this far ahead
 
 
 def _run_shard_processes(
-    base_url: str, level: LoadLevel, workload: Workload, processes: int
-) -> list[RequestRecord]:
-    """Start ``processes`` shard processes, let them all begin at one instant, merge their records."""
+    base_url: str, level: LoadLevel, workload: Workload, processes: int, records: list[RequestRecord]
+) -> None:
+    """Start ``processes`` shard processes, let them all begin at one instant, merge their records.
+
+    On Ctrl-C the shards (same process group) stop on their own and still write their records, so the
+    parent waits for them before reading the parts.
+    """
     with tempfile.TemporaryDirectory(prefix="specsweep-load-") as tmp:
         children = []
         for index in range(processes):
@@ -644,17 +660,17 @@ def _run_shard_processes(
                 child.wait()
         finally:
             for child in children:
-                if child.poll() is None:
+                try:
+                    child.wait(timeout=level.drain_s + 10)
+                except subprocess.TimeoutExpired:
                     child.kill()
                     child.wait()
-        records: list[RequestRecord] = []
-        for index in range(processes):
-            part = Path(tmp) / f"part-{index}.parquet"
-            if part.exists():
-                records.extend(_read_records(part))
-            else:
-                log.error("load generator shard %d wrote no records", index)
-    return records
+            for index in range(processes):
+                part = Path(tmp) / f"part-{index}.parquet"
+                if part.exists():
+                    records.extend(_read_records(part))
+                else:
+                    log.error("load generator shard %d wrote no records", index)
 
 
 def _read_records(path: Path) -> list[RequestRecord]:
@@ -672,15 +688,18 @@ def _shard_main() -> int:
     workload = _WORKLOAD_ADAPTER.validate_python(job["workload"])
     shard = _Shard(job["shard"], job["shards"])
 
-    async def main() -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+
+    async def main() -> None:
         requests = _prepared_requests(level, workload, shard)
         async with _session(shard.share(level.streams) if level.streams else None, level) as session:
             print("ready", flush=True)
             t0_ns = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
-            return await _run_measured(session, job["url"], level, requests, shard, t0_ns)
+            await _run_measured(session, job["url"], level, requests, shard, t0_ns, records)
 
-    with _no_gc_pauses():
-        records = _run_async(main)
+    # On Ctrl-C in-flight requests become cut_off records; all records are written either way.
+    with _no_gc_pauses(), contextlib.suppress(KeyboardInterrupt):
+        _run_async(main)
     write_parquet_atomic(requests_table(records), job["out"])
     return 0
 

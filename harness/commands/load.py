@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         "processes": result.processes,
         "cache_flushed": result.cache_flushed,
         "warmup_requests": len(result.warmup_records),
+        "interrupted": result.interrupted,
     }
     table = table.replace_schema_metadata(
         {
@@ -135,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     )
     write_parquet_atomic(table, out)
     _print_summary(result, out)
+    if result.interrupted:
+        print("interrupted: the records made until then were written", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -6,9 +6,15 @@ TCP socket); server down is a closed port.
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.workers.wire_server import STREAMS, WireServer
@@ -122,3 +128,27 @@ def test_run_load_records_timeouts_when_sim_server_hangs_mid_stream() -> None:
         result = run_load(sim.url, level, WORKLOAD, calibration_streams=4)
     assert [r.error_type for r in result.records] == [None, None, "timeout", "timeout"]
     assert result.records[2].completion_tokens is not None and result.records[2].completion_tokens >= 5
+
+
+def test_load_command_writes_records_made_when_interrupted(wire: WireServer, tmp_path: Path) -> None:
+    """Ctrl-C mid-run: ``specsweep load`` writes the cut-off requests as rows and exits 130."""
+    out = tmp_path / "load.parquet"
+    argv = [sys.executable, "-m", "harness.cli", "load", "--url", wire.url("stall"), "--concurrency", "2"]
+    argv += ["--requests", "6", "--input-tokens", "8", "--output-tokens", "10", "--out", str(out)]
+    before = len(wire.requests_seen)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(wire.requests_seen) < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    rows = pq.read_table(out).to_pylist()
+    assert [r["error_type"] for r in rows] == ["cut_off", "cut_off"]
+    assert all(r["completion_tokens"] == 1 for r in rows)

@@ -9,6 +9,7 @@ that ends without ``[DONE]``, a page that is not SSE, a stream that stalls.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import struct
 import threading
@@ -45,10 +46,11 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[str]) -> None:
     try:
         while True:
             path = await _read_request(reader)
+            seen.append(path)
             mode = path.strip("/").split("/")[0]
             if mode == "recorded":
                 writer.write(
@@ -93,10 +95,12 @@ class WireServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self.port = 0
+        self.requests_seen: list[str] = []  # paths, in arrival order
 
     def __enter__(self) -> WireServer:
         self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(asyncio.start_server(_handle, "127.0.0.1", 0), self._loop)
+        handler = functools.partial(_handle, seen=self.requests_seen)
+        future = asyncio.run_coroutine_threadsafe(asyncio.start_server(handler, "127.0.0.1", 0), self._loop)
         self._server = future.result(timeout=10)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
