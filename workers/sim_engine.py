@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import queue
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -80,6 +82,13 @@ class SimRequest:
     first_token_ns: int = 0
     last_token_ns: int = 0
     updates: asyncio.Queue[Progress] = field(default_factory=asyncio.Queue)
+    # Called with each Progress as its iteration ends; by default it queues onto ``updates``. A streaming
+    # handler may replace it with a writer that puts the chunk on the connection at once.
+    sink: Callable[[Progress], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.sink is None:
+            self.sink = self.updates.put_nowait
 
     def append(self, count: int) -> None:
         """Add ``count`` output tokens, stopping early at a stop string, EOS or the length limit."""
@@ -127,7 +136,7 @@ class SpecCounters:
 
 
 class SimEngine:
-    """Continuous-batching scheduler; ``submit`` a request and read its ``updates`` queue."""
+    """Continuous-batching scheduler; ``submit`` a request, then read its ``updates`` (or set its sink)."""
 
     def __init__(
         self,
@@ -245,6 +254,13 @@ class SimEngine:
         """The scheduler loop; runs until cancelled."""
         scale_ns = self.settings.time_scale * 1e9
         deadline = time.perf_counter_ns()
+        timer = DeadlineTimer(asyncio.get_running_loop())
+        try:
+            await self._loop_forever(timer, scale_ns, deadline)
+        finally:
+            timer.close()
+
+    async def _loop_forever(self, timer: DeadlineTimer, scale_ns: float, deadline: int) -> None:
         while True:
             if self.is_idle():
                 self._work.clear()
@@ -256,11 +272,11 @@ class SimEngine:
                 deadline += round(
                     prefill_seconds(self.profile, sum(r.prompt_tokens for r in admitted)) * scale_ns
                 )
-                await _sleep_until(deadline)
+                await timer.sleep_until(deadline)
                 self._finish_prefill(admitted, deadline)
             else:
                 deadline += round(decode_step_seconds(self.profile, self.shape, len(self.running)) * scale_ns)
-                await _sleep_until(deadline)
+                await timer.sleep_until(deadline)
                 await self._finish_decode(deadline)
 
     def _finish_prefill(self, admitted: list[SimRequest], scheduled_ns: int) -> None:
@@ -272,24 +288,24 @@ class SimEngine:
                 self.running.append(request)
 
     async def _finish_decode(self, scheduled_ns: int) -> None:
+        """Every running request gets one verify step. As in SGLang, the speculative counters (per request
+        and server-wide) count the whole accepted run, even where max_new_tokens or a stop cuts the
+        output short; completion_tokens counts what was kept."""
         batch = self.running
         counters = self.counters
         for request in batch:
             drafts = sample_accepted_drafts(request.probs, request.rng) if self.shape else 0
-            before = len(request.output_ids)
             request.append(1 + drafts)
-            produced = len(request.output_ids) - before
             if self.shape:
-                correct = produced - 1
                 request.verify_ct += 1
-                request.correct_drafts += correct
+                request.correct_drafts += drafts
                 histogram = request.histogram
-                if len(histogram) <= correct:
-                    histogram.extend([0] * (correct + 1 - len(histogram)))
-                histogram[correct] += 1
+                if len(histogram) <= drafts:
+                    histogram.extend([0] * (drafts + 1 - len(histogram)))
+                histogram[drafts] += 1
                 if not request.health_check:
-                    counters.window_accept_tokens += produced
-                    counters.window_correct_drafts += correct
+                    counters.window_accept_tokens += 1 + drafts
+                    counters.window_correct_drafts += drafts
                     counters.window_forward_ct += 1
                     counters.verify_calls_total += 1
             self._publish(request, scheduled_ns)
@@ -305,9 +321,7 @@ class SimEngine:
         request.last_token_ns = scheduled_ns
         self.last_output_ns = scheduled_ns
         self._output.set()
-        request.updates.put_nowait(
-            Progress(len(request.output_ids), request.text, request.finish_reason, scheduled_ns)
-        )
+        request.sink(Progress(len(request.output_ids), request.text, request.finish_reason, scheduled_ns))
         if request.finish_reason is not None and self.on_finish is not None:
             self.on_finish(request)
 
@@ -350,7 +364,41 @@ class SimEngine:
         return probs
 
 
-async def _sleep_until(deadline_ns: int) -> None:
-    """Sleep until an absolute perf_counter_ns() deadline; timers that fire early sleep again."""
-    while (remaining := deadline_ns - time.perf_counter_ns()) > 0:
-        await asyncio.sleep(remaining / 1e9)
+class DeadlineTimer:
+    """Wakes the event loop at absolute ``perf_counter_ns()`` deadlines, to a tenth of a millisecond.
+
+    The loop's own timers round to whole milliseconds (epoll and libuv timeouts), which alone would make
+    chunks up to 1 ms late. A helper thread sleeps with the kernel's nanosleep and wakes the loop through
+    ``call_soon_threadsafe``; it holds no lock while sleeping, so the loop runs freely meanwhile.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._requests: queue.SimpleQueue[tuple[int, asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="sim-deadline-timer", daemon=True)
+        self._thread.start()
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        if deadline_ns <= time.perf_counter_ns():
+            return
+        wake = self._loop.create_future()
+        self._requests.put((deadline_ns, wake))
+        await wake
+
+    def close(self) -> None:
+        self._requests.put(None)
+
+    def _run(self) -> None:
+        while (request := self._requests.get()) is not None:
+            deadline_ns, wake = request
+            while (remaining := deadline_ns - time.perf_counter_ns()) > 0:
+                time.sleep(remaining / 1e9)
+            try:
+                self._loop.call_soon_threadsafe(_resolve, wake)
+            except RuntimeError:  # the loop closed while we slept
+                return
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -137,7 +137,11 @@ def test_generate_streams_cumulative_chunks_with_spec_stats_on_final_chunk_only(
     assert final[api.SPEC_NUM_PROPOSED_DRAFTS] == verify * 1
     assert final[api.SPEC_ACCEPT_RATE] == pytest.approx(final[api.SPEC_NUM_CORRECT_DRAFTS] / verify)
     histogram = final[api.SPEC_CORRECT_DRAFTS_HISTOGRAM]
-    assert sum(histogram) == verify and sum(k * n for k, n in enumerate(histogram)) == 40 - 1 - verify
+    assert sum(histogram) == verify
+    # SGLang counts whole accepted runs: the last step may accept more than max_new_tokens keeps
+    assert (
+        sum(k * n for k, n in enumerate(histogram)) == final[api.SPEC_NUM_CORRECT_DRAFTS] >= 40 - 1 - verify
+    )
     assert all(m[META_SIM_SEND_NS] >= m[META_SIM_SCHEDULED_NS] > 0 for m in metas)
 
 
