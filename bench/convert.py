@@ -1,17 +1,20 @@
 """Drafter conversion vs ``cp`` of the same bytes: throughput ratio and the converter's peak RSS.
 
 Generates a 2 GiB Kimi-like speculators checkpoint (without its embedding, which conversion drops,
-so both sides move the same bytes) under /tmp, then alternates ``cp`` and ``specsweep convert`` for
-several rounds, each in a child process. Page cache: the source stays cached for both; each run
-starts after ``sync`` so neither inherits the other's dirty pages, and the order flips every round.
-Reports medians. Goals (issue #4): convert >= 0.8x cp throughput, peak RSS <= 300 MiB.
+so every side moves the same bytes) under /tmp. Each round runs, in child processes and in a
+rotating order: ``cp`` of the weights file; ``specsweep convert`` end to end (interpreter start and
+imports included); and the library call the node worker makes (``convert()`` timed inside its
+child, after imports). Each run starts after ``sync`` so none inherits another's dirty pages; the
+source stays in the page cache for all. Reports medians of per-round ratios. Goals (issue #4):
+>= 0.8x cp throughput, peak RSS <= 300 MiB (the larger of the two converter children).
 
-    python -m bench.convert [--rounds N] [--keep]
+    python -m bench.convert [--rounds N] [--checkpoint DIR] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -27,80 +30,115 @@ from workers.eagle3_format import SourceFormat
 
 RATIO_GOAL = 0.8
 RSS_GOAL_MIB = 300
+RUNS = ("cp", "cli", "library")
 
 
-def _timed_child(argv: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one child process, measured with wait4's rusage."""
+def _child(argv: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS MiB, stdout) of one child process; rusage from wait4."""
     os.sync()
     started = time.perf_counter()
-    child = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    stdout = child.stdout.read() if child.stdout else ""
     _, status, usage = os.wait4(child.pid, 0)
     elapsed = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise SystemExit(f"{argv[:4]} failed with exit code {child.returncode}")
-    return elapsed, usage.ru_maxrss / 1024
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{argv[:4]} failed with exit code {os.waitstatus_to_exitcode(status)}")
+    return elapsed, usage.ru_maxrss / 1024, stdout
+
+
+def _library_child(src: Path, dst: Path) -> None:
+    """Child mode: time one convert() call after imports; print the seconds as JSON."""
+    from workers.converter import convert
+
+    started = time.perf_counter()
+    convert(src, dst)
+    print(json.dumps({"seconds": time.perf_counter() - started}))
+
+
+def _run(which: str, weights: Path, src: Path, out: Path) -> tuple[float, float]:
+    if which == "cp":
+        out.mkdir()
+        seconds, rss, _ = _child(["cp", str(weights), str(out / weights.name)])
+        return seconds, rss
+    if which == "cli":
+        seconds, rss, _ = _child([python(), "-m", "harness.cli", "convert", str(src), str(out)])
+        return seconds, rss
+    _, rss, stdout = _child([python(), "-m", "bench.convert", "--library-child", str(src), str(out)])
+    return json.loads(stdout)["seconds"], rss
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--checkpoint", type=Path, help="use this speculators checkpoint instead of generating one"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint (path printed)")
+    parser.add_argument("--library-child", nargs=2, type=Path, metavar=("SRC", "DST"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.library_child:
+        _library_child(*args.library_child)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="specsweep-bench-convert-", dir="/tmp"))
     try:
-        checkpoint = build_checkpoint(SourceFormat.SPECULATORS, KIMI_LIKE, include_embedding=False)
-        src = write_checkpoint(checkpoint, work / "src")
+        src = args.checkpoint or write_checkpoint(
+            build_checkpoint(SourceFormat.SPECULATORS, KIMI_LIKE, include_embedding=False, fast_values=True),
+            work / "src",
+        )
         weights = src / "model.safetensors"
         size = weights.stat().st_size
-        cp_seconds: list[float] = []
-        convert_seconds: list[float] = []
+        seconds: dict[str, list[float]] = {which: [] for which in RUNS}
         rss: list[float] = []
         for round_number in range(args.rounds):
-            runs = ["cp", "convert"] if round_number % 2 == 0 else ["convert", "cp"]
-            for which in runs:
+            shift = round_number % len(RUNS)
+            for which in RUNS[shift:] + RUNS[:shift]:
                 out = work / f"out-{which}"
-                if which == "cp":
-                    out.mkdir()
-                    seconds, _ = _timed_child(["cp", str(weights), str(out / weights.name)])
-                    cp_seconds.append(seconds)
-                else:
-                    cli = [python(), "-m", "harness.cli", "convert", str(src), str(out)]
-                    seconds, peak = _timed_child(cli)
-                    convert_seconds.append(seconds)
+                elapsed, peak = _run(which, weights, src, out)
+                seconds[which].append(elapsed)
+                if which != "cp":
                     rss.append(peak)
                 shutil.rmtree(out)
-        mib = size / (1 << 20)
-        cp_rates = [mib / s for s in cp_seconds]
-        convert_rates = [mib / s for s in convert_seconds]
-        ratios = [c / k for c, k in zip(cp_seconds, convert_seconds, strict=True)]
-        common = {"bytes": size, "rounds": args.rounds}
-        emit("convert.cp_throughput", "MiB/s", statistics.median(cp_rates), cp_rates, **common)
-        emit("convert.throughput", "MiB/s", statistics.median(convert_rates), convert_rates, **common)
+        _report(size, seconds, rss, args.rounds)
+    finally:
+        if args.keep:
+            print(f"# kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _report(size: int, seconds: dict[str, list[float]], rss: list[float], rounds: int) -> None:
+    mib = size / (1 << 20)
+    common = {"bytes": size, "rounds": rounds}
+    for which, name in (("cp", "cp"), ("cli", "cli"), ("library", "library")):
+        rates = [mib / s for s in seconds[which]]
+        emit(f"convert.{name}_throughput", "MiB/s", statistics.median(rates), rates, **common)
+    for which, what in (
+        ("cli", "specsweep convert, interpreter start included"),
+        ("library", "convert() call"),
+    ):
+        ratios = [c / s for c, s in zip(seconds["cp"], seconds[which], strict=True)]
         ratio = statistics.median(ratios)
         emit(
-            "convert.throughput_vs_cp",
+            f"convert.{which}_vs_cp",
             "ratio",
             ratio,
             ratios,
+            what=what,
             goal=f">= {RATIO_GOAL}",
             meets_goal=ratio >= RATIO_GOAL,
             **common,
         )
-        peak = max(rss)
-        emit(
-            "convert.peak_rss",
-            "MiB",
-            peak,
-            rss,
-            goal=f"<= {RSS_GOAL_MIB}",
-            meets_goal=peak <= RSS_GOAL_MIB,
-            **common,
-        )
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    return 0
+    peak = max(rss)
+    emit(
+        "convert.peak_rss",
+        "MiB",
+        peak,
+        rss,
+        goal=f"<= {RSS_GOAL_MIB}",
+        meets_goal=peak <= RSS_GOAL_MIB,
+        **common,
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from workers.safetensors_stream import (
     copy_range,
     iter_mapped,
     read_header,
-    write_all,
 )
 
 log = logging.getLogger(__name__)
@@ -157,22 +156,35 @@ class CheckpointSource:
             found.append(SourceTensor(name, dtype, tuple(tensor.shape), nbytes, path, order))
         return found
 
-    def chunks(self, tensor: SourceTensor) -> Iterator[memoryview]:
-        """The tensor's raw bytes as read-only views of at most CHUNK_BYTES, without copying them."""
-        if tensor.name in self._pickled:
-            raw = memoryview(self._pickled[tensor.name].reshape(-1).view(_torch_uint8()).numpy())
-            for start in range(0, tensor.nbytes, CHUNK_BYTES):
-                yield raw[start : start + CHUNK_BYTES]
-            return
-        yield from iter_mapped(self._fds[tensor.file], tensor.offset, tensor.offset + tensor.nbytes)
+    def chunks(self, tensor: SourceTensor, start: int = 0, length: int | None = None) -> Iterator[memoryview]:
+        """Bytes ``[start, start + length)`` of the tensor as read-only views of at most CHUNK_BYTES.
 
-    def copy_into(self, tensor: SourceTensor, out_fd: int) -> None:
-        """Append the tensor's raw bytes to ``out_fd`` (in the kernel for safetensors sources)."""
+        Nothing is copied: safetensors bytes come from a memory map, pickled ones from the tensor.
+        """
+        length = tensor.nbytes - start if length is None else length
         if tensor.name in self._pickled:
-            for chunk in self.chunks(tensor):
-                write_all(out_fd, chunk)
+            raw = self._pickled_bytes(tensor)
+            for offset in range(start, start + length, CHUNK_BYTES):
+                yield raw[offset : min(offset + CHUNK_BYTES, start + length)]
             return
-        copy_range(self._fds[tensor.file], tensor.offset, tensor.nbytes, out_fd)
+        begin = tensor.offset + start
+        yield from iter_mapped(self._fds[tensor.file], begin, begin + length)
+
+    def copy_piece(self, tensor: SourceTensor, start: int, length: int, out_fd: int, out_offset: int) -> None:
+        """Write bytes ``[start, start + length)`` of the tensor at ``out_offset`` of ``out_fd``.
+
+        Safetensors bytes are copied inside the kernel; pickled ones are written from memory.
+        """
+        if tensor.name in self._pickled:
+            raw = self._pickled_bytes(tensor)[start : start + length]
+            while raw:
+                written = os.pwrite(out_fd, raw, out_offset)
+                raw, out_offset = raw[written:], out_offset + written
+            return
+        copy_range(self._fds[tensor.file], tensor.offset + start, length, out_fd, out_offset)
+
+    def _pickled_bytes(self, tensor: SourceTensor) -> memoryview:
+        return memoryview(self._pickled[tensor.name].reshape(-1).view(_torch_uint8()).numpy())
 
     def read_array(self, tensor: SourceTensor) -> np.ndarray:
         """A small tensor as a numpy array (for d2t/t2d), read whole."""

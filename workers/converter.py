@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -29,7 +28,6 @@ from typing import Any
 import xxhash
 
 from specsweep.errors import ConversionError
-from workers.background_hash import BackgroundHasher, HashJob, HashResult
 from workers.checkpoint_source import (
     CONFIG_FILE,
     SAFETENSORS_INDEX,
@@ -69,6 +67,7 @@ from workers.safetensors_stream import (
     read_header,
     write_all,
 )
+from workers.tensor_copy import TensorOutcome, TensorTask, copy_and_hash
 from workers.tensor_values import FLOAT_DTYPES
 
 log = logging.getLogger(__name__)
@@ -163,13 +162,8 @@ def source_digest(src: Path, *, allow_pickle: bool) -> str:
 
 
 def _hash_tensors(source: CheckpointSource) -> dict[str, bytes]:
-    digests: dict[str, bytes] = {}
-    for tensor in source.tensors.values():
-        hasher = xxhash.xxh3_128()
-        for chunk in source.chunks(tensor):
-            hasher.update(chunk)
-        digests[tensor.name] = hasher.digest()
-    return digests
+    outcomes = copy_and_hash(source, [TensorTask(tensor) for tensor in source.tensors.values()])
+    return {name: outcome.digest for name, outcome in outcomes.items()}
 
 
 def _hash_files(source: CheckpointSource, tensor_digests: dict[str, bytes]) -> list[SourceFile]:
@@ -423,72 +417,62 @@ class _StreamResult:
 def _stream(
     source: CheckpointSource, plan: ConversionPlan, out_dir: Path, max_shard_bytes: int
 ) -> _StreamResult:
-    """Copy every kept tensor into the output files; hash, scan and read back alongside.
+    """Write each shard's header, then copy, hash, scan and read back every tensor (tensor_copy).
 
-    The copy runs in the kernel while a thread hashes and value-scans the source ranges (dropped
-    tensors are hashed too, so the source files' digests cover every byte). The written ranges
-    are read back once the copy is done: reading a file while it is being appended to slowed the
-    copy by a third in measurements.
+    Dropped tensors are hashed too, so the source files' digests cover every byte.
     """
     shards = _shards(plan.kept, max_shard_bytes)
-    placement = {t.source.name: shard for shard in shards for t in shard.tensors}
-    kept = {t.source.name: t for t in plan.kept}
-    source_hashes = BackgroundHasher("source-hasher")
-    writer = _ShardWriter(out_dir)
-    read_backs: list[HashJob] = []
+    tasks: list[TensorTask] = []
     locations: dict[str, str] = {}
-    try:
-        for tensor in _in_file_order(source):
-            planned = kept.get(tensor.name)
-            scan = tensor.dtype if planned is not None and tensor.dtype in FLOAT_DTYPES else None
-            source_hashes.submit(HashJob(tensor.name, functools.partial(source.chunks, tensor), scan))
-            if planned is None:
-                continue
-            fd, file_name, start = writer.begin(placement[tensor.name])
-            source.copy_into(tensor, fd)
-            writer.advance(tensor.nbytes)
-            locations[tensor.name] = file_name
-            read_back = functools.partial(_read_output, out_dir / file_name, start, tensor.nbytes)
-            read_backs.append(HashJob(tensor.name, read_back))
-    finally:
-        writer.close()
-        output_hashes = BackgroundHasher("output-hasher")
-        for job in read_backs:
-            output_hashes.submit(job)
-        read_back_results = output_hashes.finish()
-        hashed = source_hashes.finish()
-    value_check = _judge_all_values(source.root, plan, hashed)
-    _check_round_trip(out_dir, shards, plan, hashed, read_back_results)
+    for shard in shards:
+        offset = _create_shard(out_dir / shard.file_name, shard)
+        for planned in shard.tensors:
+            tensor = planned.source
+            scan = tensor.dtype if tensor.dtype in FLOAT_DTYPES else None
+            tasks.append(TensorTask(tensor, out_dir / shard.file_name, offset, scan))
+            locations[tensor.name] = shard.file_name
+            offset += tensor.nbytes
+    tasks += [TensorTask(tensor) for tensor in _in_file_order(source) if tensor.name not in locations]
+    outcomes = copy_and_hash(source, tasks)
+    value_check = _judge_all_values(source.root, plan, outcomes)
+    _check_round_trip(out_dir, shards, plan, outcomes)
     return _StreamResult(
         tensors=[
-            _record(t, locations[t.source.name][0], hashed[t.source.name].digest.hex()) for t in plan.kept
+            _record(t, locations[t.source.name], outcomes[t.source.name].digest.hex()) for t in plan.kept
         ],
-        source_files=_hash_files(source, {name: result.digest for name, result in hashed.items()}),
+        source_files=_hash_files(source, {name: outcome.digest for name, outcome in outcomes.items()}),
         value_checks=value_check,
         round_trip=CheckResult(
             name="round trip",
             status="pass",
-            detail=f"output headers re-read; {len(read_back_results)} tensors read back, XXH3-128 equal to the source's",
+            detail=f"output headers re-read; {len(plan.kept)} tensors read back, XXH3-128 equal to the source's",
         ),
         output_files=_finish_index(out_dir, shards),
         bytes_written=sum(t.source.nbytes for t in plan.kept),
     )
 
 
-def _read_output(path: Path, start: int, nbytes: int) -> Iterator[memoryview]:
-    fd = os.open(path, os.O_RDONLY)
+def _create_shard(path: Path, shard: _Shard) -> int:
+    """Create ``path`` with the shard's header and its final size; return where tensor data starts."""
+    header = encode_header(
+        [OutputTensor(t.output, t.source.dtype, t.source.shape, t.source.nbytes) for t in shard.tensors],
+        {"format": "pt"},
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        yield from iter_mapped(fd, start, start + nbytes)
+        write_all(fd, memoryview(header))
+        os.ftruncate(fd, len(header) + sum(t.source.nbytes for t in shard.tensors))
     finally:
         os.close(fd)
+    return len(header)
 
 
-def _judge_all_values(root: Path, plan: ConversionPlan, hashed: dict[str, HashResult]) -> CheckResult:
+def _judge_all_values(root: Path, plan: ConversionPlan, outcomes: dict[str, TensorOutcome]) -> CheckResult:
     """Check 6 over every kept float tensor: refuse on a problem, collect warnings."""
     problems: list[Problem] = []
     warnings: list[str] = []
     for planned in plan.kept:
-        summary = hashed[planned.source.name].values
+        summary = outcomes[planned.source.name].values
         if summary is None:
             continue
         verdict = judge_values(planned.source.name, planned.canonical, planned.source.dtype, summary)
@@ -516,52 +500,14 @@ def _record(planned: PlannedTensor, file_name: str, digest: str) -> TensorRecord
     )
 
 
-class _ShardWriter:
-    """Opens consecutive shard files, writing each one's header before its tensors' bytes."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self._out_dir = out_dir
-        self._fd: int | None = None
-        self._shard: _Shard | None = None
-        self._position = 0
-
-    def begin(self, shard: _Shard) -> tuple[int, str, int]:
-        """(fd to append to, file name, byte offset) for the next tensor of ``shard``."""
-        if shard is not self._shard or self._fd is None:
-            self.close()
-            self._fd = os.open(self._out_dir / shard.file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            header = encode_header(
-                [
-                    OutputTensor(t.output, t.source.dtype, t.source.shape, t.source.nbytes)
-                    for t in shard.tensors
-                ],
-                {"format": "pt"},
-            )
-            write_all(self._fd, memoryview(header))
-            self._shard, self._position = shard, len(header)
-        return self._fd, shard.file_name, self._position
-
-    def advance(self, nbytes: int) -> None:
-        self._position += nbytes
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 def _check_round_trip(
-    out_dir: Path,
-    shards: list[_Shard],
-    plan: ConversionPlan,
-    hashed: dict[str, HashResult],
-    read_back: dict[str, HashResult],
+    out_dir: Path, shards: list[_Shard], plan: ConversionPlan, outcomes: dict[str, TensorOutcome]
 ) -> None:
     """Check 7: each written header parses to the plan, and each tensor read back hashes the same."""
     problems = [
         Problem(t.output, "bytes read back differ from the source's", "check the disk, then re-run")
         for t in plan.kept
-        if read_back[t.source.name].digest != hashed[t.source.name].digest
+        if outcomes[t.source.name].out_digest != outcomes[t.source.name].digest
     ]
     for shard in shards:
         written = read_header(out_dir / shard.file_name)

@@ -235,22 +235,21 @@ def write_all(fd: int, data: memoryview) -> None:
         data = data[written:]
 
 
-def copy_range(src_fd: int, start: int, nbytes: int, out_fd: int) -> None:
-    """Append bytes ``[start, start + nbytes)`` of ``src_fd`` to ``out_fd`` without passing through Python.
+def copy_range(src_fd: int, start: int, nbytes: int, out_fd: int, out_offset: int) -> None:
+    """Copy bytes ``[start, start + nbytes)`` of ``src_fd`` to ``out_offset`` of ``out_fd``, in the kernel.
 
-    ``copy_file_range`` copies inside the kernel, as ``cp`` does; on this class of VM a user-space
-    read/write loop measured 3-4x slower. Falls back to that loop where the kernel refuses (old
-    kernels across filesystems).
+    ``copy_file_range`` copies without passing the bytes through Python, as ``cp`` does; on this
+    class of VM a user-space read/write loop measured 3-4x slower. Where the kernel refuses (old
+    kernels across filesystems) it falls back to pread/pwrite through one buffer.
     """
     copied = 0
     while copied < nbytes:
         try:
-            done = os.copy_file_range(src_fd, out_fd, nbytes - copied, start + copied)
+            done = os.copy_file_range(src_fd, out_fd, nbytes - copied, start + copied, out_offset + copied)
         except OSError as err:
             if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
-            for chunk in iter_range(src_fd, start + copied, start + nbytes, bytearray(CHUNK_BYTES)):
-                write_all(out_fd, chunk)
+            _copy_through_buffer(src_fd, start + copied, nbytes - copied, out_fd, out_offset + copied)
             return
         if done == 0:
             raise ConversionError(
@@ -258,3 +257,10 @@ def copy_range(src_fd: int, start: int, nbytes: int, out_fd: int) -> None:
                 fix="the file changed or shrank during conversion: re-run once it is stable",
             )
         copied += done
+
+
+def _copy_through_buffer(src_fd: int, start: int, nbytes: int, out_fd: int, out_offset: int) -> None:
+    for chunk in iter_range(src_fd, start, start + nbytes, bytearray(CHUNK_BYTES)):
+        while chunk:
+            written = os.pwrite(out_fd, chunk, out_offset)
+            chunk, out_offset = chunk[written:], out_offset + written

@@ -1,9 +1,14 @@
 """Chunk-wise value statistics of float tensors: non-finite, all zero, constant.
 
 The checks look at every element, but one chunk at a time through numpy views of the raw bytes, so
-memory stays at the chunk size. bf16 has no numpy dtype, so floats are viewed as unsigned integers of
-their width and judged by their bits: with the sign bit masked off, a value is inf or NaN exactly when
-its exponent bits are all ones (``abs_bits >= exponent_mask``) and zero exactly when ``abs_bits == 0``.
+memory stays at the chunk size. bf16 has no numpy dtype, so floats are judged by their bits, viewed
+as integers of their width. Two reductions per chunk, with no temporaries, answer both questions:
+
+- viewed as signed, a positive inf/NaN is above every finite value (``smax >= exponent``);
+  viewed as unsigned, a negative inf/NaN is (``umax >= sign | exponent``);
+- every element is +0 or -0 exactly when ``umax <= sign`` and ``smax <= 0``.
+
+Only a chunk that holds a non-finite value is looked at again, to count them.
 """
 
 from __future__ import annotations
@@ -12,11 +17,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# dtype -> (unsigned view dtype, mask without the sign bit, all-ones exponent).
-_FLOAT_BITS: dict[str, tuple[type[np.unsignedinteger], int, int]] = {
-    "BF16": (np.uint16, 0x7FFF, 0x7F80),
-    "F16": (np.uint16, 0x7FFF, 0x7C00),
-    "F32": (np.uint32, 0x7FFF_FFFF, 0x7F80_0000),
+
+@dataclass(frozen=True)
+class _Bits:
+    unsigned: type[np.unsignedinteger]
+    signed: type[np.signedinteger]
+    sign: int
+    exponent: int  # all exponent bits set: inf or NaN
+
+
+_FLOAT_BITS: dict[str, _Bits] = {
+    "BF16": _Bits(np.uint16, np.int16, 0x8000, 0x7F80),
+    "F16": _Bits(np.uint16, np.int16, 0x8000, 0x7C00),
+    "F32": _Bits(np.uint32, np.int32, 0x8000_0000, 0x7F80_0000),
 }
 FLOAT_DTYPES = frozenset(_FLOAT_BITS)
 
@@ -37,52 +50,58 @@ class ValueSummary:
         """The shared value as a Python float, or None when the tensor is not constant."""
         if self.constant_bits is None:
             return None
-        view, _, _ = _FLOAT_BITS[dtype]
         if dtype == "BF16":
             return float(np.array([self.constant_bits << 16], dtype=np.uint32).view(np.float32)[0])
+        bits = _FLOAT_BITS[dtype]
         as_float = np.float16 if dtype == "F16" else np.float32
-        return float(np.array([self.constant_bits], dtype=view).view(as_float)[0])
+        return float(np.array([self.constant_bits], dtype=bits.unsigned).view(as_float)[0])
+
+
+def merge_summaries(parts: list[ValueSummary]) -> ValueSummary:
+    """One summary for a tensor scanned in consecutive parts."""
+    constants = {part.constant_bits for part in parts if part.elements}
+    elements = sum(part.elements for part in parts)
+    return ValueSummary(
+        elements=elements,
+        non_finite=sum(part.non_finite for part in parts),
+        all_zero=elements > 0 and all(part.all_zero for part in parts if part.elements),
+        constant_bits=constants.pop() if len(constants) == 1 else None,
+    )
 
 
 class ValueScanner:
     """Accumulates a ValueSummary over the chunks of one tensor (chunks split on element bounds)."""
 
     def __init__(self, dtype: str) -> None:
-        self._view, self._abs_mask, self._exponent = _FLOAT_BITS[dtype]
+        self._bits = _FLOAT_BITS[dtype]
         self._elements = 0
         self._non_finite = 0
-        self._max_abs_bits = 0
+        self._all_zero = True
         self._first: int | None = None
         self._constant = True
-        self._scratch = np.empty(0, dtype=self._view)
-        self._differs = np.empty(0, dtype=np.bool_)
 
     def add(self, chunk: memoryview) -> None:
         """Scan one chunk; its length must be a whole number of elements."""
-        bits = np.frombuffer(chunk, dtype=self._view)
-        count = bits.size
-        if count == 0:
+        bits = self._bits
+        unsigned = np.frombuffer(chunk, dtype=bits.unsigned)
+        if unsigned.size == 0:
             return
-        if self._scratch.size < count:
-            # Reused across chunks: a fresh temporary per chunk costs page faults on every call.
-            self._scratch = np.empty(count, dtype=self._view)
-            self._differs = np.empty(count, dtype=np.bool_)
-        abs_bits = np.bitwise_and(bits, self._abs_mask, out=self._scratch[:count])
-        top = int(abs_bits.max())
-        if top >= self._exponent:
-            self._non_finite += int(np.count_nonzero(abs_bits >= self._exponent))
-        self._max_abs_bits = max(self._max_abs_bits, top)
+        signed = unsigned.view(bits.signed)
+        umax, smax = int(unsigned.max()), int(signed.max())
+        if smax >= bits.exponent or umax >= bits.sign | bits.exponent:
+            magnitude = np.bitwise_and(unsigned, bits.sign - 1)
+            self._non_finite += int(np.count_nonzero(magnitude >= bits.exponent))
+        self._all_zero = self._all_zero and umax <= bits.sign and smax <= 0
         if self._first is None:
-            self._first = int(bits[0])
+            self._first = int(unsigned[0])
         if self._constant:
-            differs = np.not_equal(bits, self._view(self._first), out=self._differs[:count])
-            self._constant = not bool(differs.any())
-        self._elements += count
+            self._constant = umax == int(unsigned.min()) == self._first
+        self._elements += unsigned.size
 
     def summary(self) -> ValueSummary:
         return ValueSummary(
             elements=self._elements,
             non_finite=self._non_finite,
-            all_zero=self._elements > 0 and self._max_abs_bits == 0,
+            all_zero=self._elements > 0 and self._all_zero,
             constant_bits=self._first if self._constant and self._elements > 0 else None,
         )

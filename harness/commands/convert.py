@@ -5,14 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
-
 from harness.commands.base import Command
 from workers.conversion_report import ConversionReport
 from workers.converter import ConvertOptions, convert
 from workers.eagle3_format import Layout, SourceFormat
-
-STATUS_STYLE = {"pass": "green", "warn": "yellow"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,27 +52,29 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
     )
 
 
-def print_human(report: ConversionReport, console: Console) -> None:
-    """What happened, in a dozen lines: the format and why, checks, drops, where the output is."""
+def print_human(report: ConversionReport) -> None:
+    """What happened, in a dozen lines: the format and why, checks, drops, where the output is.
+
+    Plain print, not rich: this command's start-up time counts against its throughput.
+    """
     if report.reused:
-        console.print(
-            f"[bold]{report.destination}[/bold] already holds this conversion "
+        print(
+            f"{report.destination} already holds this conversion "
             f"(source xxh3 {report.source_digest[:16]}…): nothing to do"
         )
         return
-    console.print(f"detected format: [bold]{report.source_format}[/bold] ({report.detection})")
+    print(f"detected format: {report.source_format} ({report.detection})")
     for check in report.checks:
-        style = STATUS_STYLE[check.status]
-        console.print(f"  [{style}]{check.status:4}[/{style}] {check.name}: {check.detail}")
+        print(f"  {check.status:4} {check.name}: {check.detail}")
     for dropped in report.dropped:
-        console.print(f"  dropped {dropped.key}: {dropped.reason}")
+        print(f"  dropped {dropped.key}: {dropped.reason}")
     for change in report.config_changes:
-        console.print(f"  config: {change}")
+        print(f"  config: {change}")
     mib = report.bytes_written / (1 << 20)
     rate = mib / report.seconds if report.seconds else 0.0
-    console.print(
+    print(
         f"wrote {len(report.tensors)} tensors ({mib:.1f} MiB, {rate:.0f} MiB/s) to "
-        f"[bold]{report.destination}[/bold]; details in conversion.json"
+        f"{report.destination}; details in conversion.json"
     )
 
 
@@ -85,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
-        print_human(report, Console(highlight=False))
+        print_human(report)
     return 0
 
 

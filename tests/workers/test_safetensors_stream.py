@@ -97,7 +97,7 @@ def test_copy_range_appends_exact_bytes_when_copying_a_slice(tmp_path: Path) -> 
     out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
     try:
         os.write(out, b"head")
-        copy_range(src, 1000, 5000, out)
+        copy_range(src, 1000, 5000, out, 4)
     finally:
         os.close(src)
         os.close(out)
