@@ -35,6 +35,7 @@ from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -431,9 +432,10 @@ class _Resampler:
         ).to_arrow_table()
         values = table.column("v").combine_chunks()
         counts = table.column("n").combine_chunks()
-        flat_values = values.flatten().to_numpy(zero_copy_only=False)
-        flat_counts = counts.flatten().to_numpy(zero_copy_only=False)
-        offsets = values.offsets.to_numpy()
+        flat_values = _float64_view(values.flatten())
+        flat_counts = _float64_view(counts.flatten().cast("float64"))
+        offsets = _float64_view(values.offsets.cast("float64")).astype(np.int64)
+        offsets -= offsets[0]  # flatten() starts at the first list's first value
         keys = zip(table.column("job_id").to_pylist(), table.column("load_level").to_pylist(), strict=True)
         self._samples = {
             key: (flat_values[offsets[i] : offsets[i + 1]], flat_counts[offsets[i] : offsets[i + 1]])
@@ -476,3 +478,10 @@ def quantile_replicates(
     low = values[np.clip(np.ceil(u_low * n).astype(int) - 1, 0, n - 1)]
     high = values[np.clip(np.ceil(u_high * n).astype(int) - 1, 0, n - 1)]
     return low + frac * (high - low)
+
+
+def _float64_view(array: pa.Array) -> np.ndarray:
+    """A null-free float64 Arrow array as numpy without a copy (pyarrow's own conversion imports
+    pandas, which costs more than the whole ranking)."""
+    data = array.buffers()[1]
+    return np.frombuffer(data, dtype=np.float64, count=len(array), offset=array.offset * 8)

@@ -10,6 +10,9 @@ Run: ``make bench`` or ``.venv/bin/python -m bench.analysis [--data DIR] [--rows
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -17,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
+from analysis.synthetic import WARMUP_FRACTION, SyntheticConfig, SyntheticSweep, write_sweep
 from bench.common import emit
 
 CONCURRENCIES = (1, 8, 32, 64, 128)
@@ -43,24 +46,34 @@ def bench_sweep(rows: int) -> SyntheticSweep:
                 accept_length=1 + 2.6 * (1 - 0.7**steps) + 0.05 * topk, step_cost=1 + 0.03 * draft + 0.05 * steps,
             )
         )  # fmt: skip
-    per_level = rows // (len(configs) * len(CONCURRENCIES) * 1.02)
+    groups = len(configs) * len(CONCURRENCIES)
+    per_level = math.ceil(rows / groups / (1 + WARMUP_FRACTION))
+    while groups * (per_level + max(1, int(per_level * WARMUP_FRACTION))) < rows:
+        per_level += 1
     return SyntheticSweep(
         configs=tuple(configs),
         concurrencies=CONCURRENCIES,
-        requests_per_level=int(per_level) + 1,
+        requests_per_level=per_level,
         output_tokens=(16, 160),
         sweep_id="bench",
         seed=11,
     )
 
 
-def _timed(argv: list[str]) -> float:
+def _timed(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one run of ``argv``.
+
+    CPU time is reported beside wall time because a shared 2-core box inflates wall time.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -84,12 +97,16 @@ def main() -> None:
         ).fetchall()[0][0]
         size_gb = sum(p.stat().st_size for p in out.rglob("*.parquet")) / 1e9
         cli = [sys.executable, "-m", "harness.cli"]
+        load = os.getloadavg()[0]
         best = [_timed([*cli, "best", str(out)]) for _ in range(args.repeats)]
-        best_p50 = sorted(best)[len(best) // 2]
-        emit("analysis_best", "s", best_p50, best, rows=rows, data_gb=round(size_gb, 2),
+        walls = [w for w, _ in best]
+        best_p50 = sorted(walls)[len(walls) // 2]
+        emit("analysis_best", "s", best_p50, walls, rows=rows, data_gb=round(size_gb, 2),
+             cpu_s=sorted(c for _, c in best)[len(best) // 2], cores=os.cpu_count(), load_avg_1m=load,
              goal_s=BEST_GOAL_S, ratio_to_goal=best_p50 / BEST_GOAL_S)  # fmt: skip
-        report = _timed([*cli, "report", str(out), "-o", str(out / "report.html")])
-        emit("analysis_report", "s", report, rows=rows, goal_s=REPORT_GOAL_S,
+        report, report_cpu = _timed([*cli, "report", str(out), "-o", str(out / "report.html")])
+        emit("analysis_report", "s", report, rows=rows, cpu_s=report_cpu, cores=os.cpu_count(),
+             load_avg_1m=os.getloadavg()[0], goal_s=REPORT_GOAL_S,
              ratio_to_goal=report / REPORT_GOAL_S)  # fmt: skip
     finally:
         if not keep:
