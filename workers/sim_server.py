@@ -68,10 +68,11 @@ _RESOLVE_EXCEPTIONS = {
     "unknown_algorithm": "ValueError: Unknown speculative algorithm name: {algorithm}",
     "nonpositive": "AssertionError",
     "backend_needs_chain": "ValueError: trtllm_mha backend only supports topk = 1 for speculative decoding.",
-    "backend_page_tree": "ValueError: speculative_eagle_topk > 1 with page_size > 1 is unstable and "
-    "produces incorrect results for paged attention backends. This combination is only supported for "
-    "the 'flashinfer', 'fa3' and 'triton' backends.",
-    "backend_no_spec": "ValueError: Speculative decoding is not supported with flex attention backend.",
+    "backend_page_tree": "ValueError: speculative_eagle_topk > 1 with page_size > 1 is only supported on "
+    "('flashinfer', 'fa3', 'triton'); got attention_backend={attention_backend!r}. Use page_size == 1 or one "
+    "of those backends.",
+    "backend_no_spec": "AssertionError: Speculative decoding is currently not supported with Flex Attention "
+    "backend",
     "rejection_sampling": "ValueError: {message}",
 }
 _LOAD_CRASH_CODES = ("eagle3_without_draft", "missing_draft", "draft_architecture", "draft_vocab_mismatch")
@@ -95,6 +96,7 @@ class ServedConfig:
     shape: DraftShape | None
     drafts_always_rejected: bool  # EAGLE with an EAGLE3 draft: SGLang runs it, acceptance is exactly 1
     load_crash: str | None  # the traceback SGLang dies with while loading, if this launch cannot load
+    draft_tokens_rewritten: bool  # topk 1 changed the requested num-draft-tokens (SGLang logs a warning)
     model_path: str
     served_model_name: str
     target_config: dict[str, Any]
@@ -135,7 +137,11 @@ def _refusal(res: Resolution) -> LaunchRefused | None:
             return LaunchRefused(_resolution_traceback(line), exit_code=1)
         template = _RESOLVE_EXCEPTIONS.get(finding.code)
         if template is not None:
-            line = template.format(algorithm=res.launch.get(api.SPEC_ALGORITHM), message=finding.message)
+            line = template.format(
+                algorithm=res.launch.get(api.SPEC_ALGORITHM),
+                attention_backend=res.launch.get("attention_backend"),
+                message=finding.message,
+            )
             return LaunchRefused(_resolution_traceback(line), exit_code=1)
     return None
 
@@ -175,6 +181,8 @@ def resolve_launch(argv: Sequence[str]) -> ServedConfig:
         shape=DraftShape.from_spec(spec),
         drafts_always_rejected=any(f.code == "eagle3_draft_with_eagle" for f in res.errors),
         load_crash=_load_crash(res),
+        draft_tokens_rewritten=launch.get(api.SPEC_NUM_DRAFT_TOKENS)
+        not in (None, spec.speculative_num_draft_tokens),
         model_path=model_path,
         served_model_name=launch.get("served_model_name") or model_path,
         target_config=read_model_config(model_path) or {},
@@ -849,6 +857,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _configure_logging(config.resolved_args.get("log_level") or "info")
     logger.info(log_line(f"server_args={config.resolved_args}"))
+    if config.draft_tokens_rewritten:
+        logger.warning(
+            log_line(
+                "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                "speculative_eagle_topk == 1"
+            )
+        )
     startup_crash = STARTUP_TRACEBACKS.get(settings.fault) or config.load_crash
     if startup_crash is not None:
         time.sleep(settings.load_delay_s)

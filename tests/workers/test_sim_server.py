@@ -103,6 +103,7 @@ def test_server_info_reports_two_draft_tokens_when_topk_one_rewrites_sixteen(ser
     assert info[api.SERVER_INFO_VERSION] == "0.5.23"
     assert info["tp_size"] == 8
     assert get_json(server.url + api.SERVER_INFO_OLD)[api.SPEC_NUM_DRAFT_TOKENS] == 2
+    assert "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1" in server.log_text()
 
 
 # --- native endpoints --------------------------------------------------------------------------------------
