@@ -29,8 +29,8 @@ class SourceFile(_Strict):
     digest: str = Field(description="hex digest (see digest_scheme)")
     digest_scheme: Literal["xxh3-file", "xxh3-safetensors-tensors"] = Field(
         description="xxh3-file: XXH3-128 of the whole file; xxh3-safetensors-tensors: XXH3-128 of the "
-        "header bytes followed by each tensor's 16-byte XXH3-128 digest, in file order (cheap to "
-        "recompute per tensor; a content identity, not a defence against crafted collisions)"
+        "header bytes followed by each tensor's digest (see TensorRecord.xxh3), in file order; a "
+        "content identity, not a defence against crafted collisions"
     )
 
 
@@ -42,7 +42,10 @@ class TensorRecord(_Strict):
     output_file: str = Field(description="output file holding it")
     dtype: str = Field(description="safetensors dtype, unchanged by conversion")
     shape: list[int] = Field(description="tensor shape, unchanged by conversion")
-    xxh3: str = Field(description="XXH3-128 of the raw bytes; identical in source and output (check 7)")
+    xxh3: str = Field(
+        description="XXH3-128 over the XXH3-128 digests of the tensor's consecutive 64 MiB pieces; "
+        "computed from the source bytes and again from the output bytes, which must agree (check 7)"
+    )
 
 
 class DroppedKey(_Strict):

@@ -25,6 +25,7 @@ from workers.converter import ConvertOptions, convert, convert_cached
 from workers.eagle3_fixtures import (
     TINY,
     FixtureDims,
+    FixtureTensor,
     build_checkpoint,
     write_checkpoint,
     write_target_config,
@@ -334,8 +335,47 @@ def test_convert_warns_when_a_norm_is_all_ones(tmp_path: Path) -> None:
     """A norm of exactly 1.0 everywhere converts, with a warning that it looks untrained."""
     checkpoint = build_checkpoint(SourceFormat.SGLANG)
     ones = np.full(TINY.hidden_size, 0x3F80, dtype=np.uint16)  # bf16 1.0
-    checkpoint.tensors["norm.weight"] = checkpoint.tensors["norm.weight"].__class__("BF16", ones.shape, ones)
+    checkpoint.tensors["norm.weight"] = FixtureTensor("BF16", ones.shape, ones)
     src = write_checkpoint(checkpoint, tmp_path / "src")
     report = convert(src, tmp_path / "out")
     values = next(c for c in report.checks if c.name == "values")
     assert values.status == "warn" and "norm.weight" in values.detail and "untrained" in values.detail
+
+
+def test_convert_drops_verifier_copies_with_reason_when_speculators_source(tmp_path: Path) -> None:
+    """verifier_* tensors (training-time copies of the target's) are dropped, each with its reason."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    checkpoint.tensors["verifier_lm_head.weight"] = FixtureTensor("BF16", (TINY.vocab_size, TINY.hidden_size))
+    src = write_checkpoint(checkpoint, tmp_path / "src")
+    report = convert(src, tmp_path / "out")
+    reasons = {d.key: d.reason for d in report.dropped}
+    assert set(reasons) == {"embed_tokens.weight", "verifier_lm_head.weight"}
+    assert "verifier" in reasons["verifier_lm_head.weight"]
+    assert "verifier_lm_head.weight" not in load_file(tmp_path / "out" / "model.safetensors")
+
+
+def test_convert_renames_legacy_aux_norms_when_sglang_source_has_eagle31_norms(tmp_path: Path) -> None:
+    """EAGLE-3.1 aux_norm_low/mid/high become fc_norm.0/1/2; use_aux_norm becomes fc_norm: true."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG)
+    for legacy in ("aux_norm_low", "aux_norm_mid", "aux_norm_high"):
+        checkpoint.tensors[f"{legacy}.weight"] = FixtureTensor(
+            "BF16", (TINY.target_hidden_size,), kind="norm"
+        )
+    checkpoint.config["use_aux_norm"] = True
+    src = write_checkpoint(checkpoint, tmp_path / "src")
+    report = convert(src, tmp_path / "out")
+    mapping = {t.source: t.output for t in report.tensors}
+    assert mapping["aux_norm_mid.weight"] == "fc_norm.1.weight"
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["fc_norm"] is True and "use_aux_norm" not in config
+
+
+def test_convert_cached_converts_once_when_two_callers_race(tmp_path: Path) -> None:
+    """Two workers on one node asking at once: one converts, the other reuses its result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS), tmp_path / "src")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: convert_cached(src, tmp_path / "cache"), range(2)))
+    assert results[0].path == results[1].path
+    assert sorted(r.report.reused for r in results) == [False, True]
