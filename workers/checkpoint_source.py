@@ -126,10 +126,7 @@ class CheckpointSource:
         import torch  # heavy: only for pickled checkpoints the user allowed
 
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:
-            # Legacy (non-zip) pickles cannot be memory-mapped.
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = _load_weights_only(torch, path)
         except Exception as err:
             raise ConversionError(
                 f"cannot load as a weights-only pickle: {err}",
@@ -190,6 +187,15 @@ class CheckpointSource:
         """A small tensor as a numpy array (for d2t/t2d), read whole."""
         raw = b"".join(bytes(chunk) for chunk in self.chunks(tensor))
         return np.frombuffer(raw, dtype=_NUMPY_DTYPES.get(tensor.dtype, np.uint8))
+
+
+def _load_weights_only(torch: Any, path: Path) -> Any:
+    """torch.load with weights_only=True, memory-mapped when the file format allows it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        # Legacy (non-zip) pickles cannot be memory-mapped.
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _torch_uint8() -> Any:

@@ -103,6 +103,10 @@ def convert(src: Path | str, dst: Path | str, options: ConvertOptions | None = N
     """Convert ``src`` into ``dst``; a no-op (``reused=True``) when ``dst`` holds this very conversion."""
     options = options or ConvertOptions()
     src, dst = Path(src).absolute(), Path(dst).absolute()
+    if dst.resolve().is_relative_to(src.resolve()) or src.resolve().is_relative_to(dst.resolve()):
+        raise ConversionError(
+            f"overlaps the source {src}", where=str(dst), fix="write the conversion to a separate directory"
+        )
     target_digest = _target_digest(options)
     if dst.exists() or dst.is_symlink():
         digest = source_digest(src, allow_pickle=options.allow_pickle)

@@ -265,3 +265,12 @@ def test_convert_lists_every_problem_when_several_keys_are_bad(tmp_path: Path) -
         convert(src, tmp_path / "out")
     message = str(caught.value)
     assert Q_PROJ in message and "hidden_norm" in message and "mystery.weight" in message
+
+
+def test_convert_refuses_when_dst_overlaps_src(tmp_path: Path) -> None:
+    """DST equal to or inside SRC is refused even with --force (it would replace the source)."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SGLANG), tmp_path / "src")
+    for dst in (src, src / "converted"):
+        with pytest.raises(ConversionError, match="overlaps the source"):
+            convert(src, dst, ConvertOptions(force=True))
+    assert (src / "model.safetensors").is_file() and not (src / "converted").exists()
