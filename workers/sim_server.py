@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -868,14 +868,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if startup_crash is not None:
         time.sleep(settings.load_delay_s)
         die_like_sglang(startup_crash, starting=True)
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()
     host = str(config.resolved_args.get("host") or "127.0.0.1")
     port = int(config.resolved_args.get("port") or 30000)
-    asyncio.run(_serve(SimServer(config, settings), host, port))
+    _event_loop_runner()(_serve(SimServer(config, settings), host, port))
     return 0
+
+
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
+    """uvloop's runner when installed (SGLang serves on uvloop too), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 # --- starting it from Python (tests, demo, other modules) -----------------------------------------------
