@@ -21,15 +21,15 @@ import psutil
 from bench.common import REPO, emit
 from workers.sglang import api
 from workers.sim_model import DEFAULT_PROFILE, decode_step_seconds
-from workers.sim_server import META_SIM_SCHEDULED_NS, META_SIM_SEND_NS, start_sim_server
+from workers.sim_server import start_sim_server
 
 TARGET = REPO / "tests" / "fixtures" / "kimi-k2"
 GOAL_CHUNKS_PER_S = 5000.0
 GOAL_P99_LATENESS_MS = 2.0
 RUN_S = 6.0
 OUTPUT_TOKENS = 64
-_SEND = f'"{META_SIM_SEND_NS}":'.encode()
-_SCHEDULED = f'"{META_SIM_SCHEDULED_NS}":'.encode()
+_SEND = f'"{api.SIM_SEND_NS}":'.encode()
+_SCHEDULED = f'"{api.SIM_SCHEDULED_NS}":'.encode()
 
 
 def _int_after(line: bytes, key: bytes) -> int:

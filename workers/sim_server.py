@@ -43,7 +43,15 @@ import orjson
 from aiohttp import web
 
 from specsweep.errors import SpecsweepError
-from workers.sglang import SGLANG_VERSION, ArgvError, SpecParams, api, builtin_resolve, parse_launch_args
+from workers.sglang import (
+    SGLANG_VERSION,
+    ArgvError,
+    SpecParams,
+    api,
+    builtin_resolve,
+    failures,
+    parse_launch_args,
+)
 from workers.sglang.rules import Resolution, read_model_config
 from workers.sim_engine import EOS_TOKEN_ID, TOKEN_WORDS, Progress, SimEngine, SimRequest
 from workers.sim_faults import READY_LINE, STARTUP_TRACEBACKS, die_like_sglang, log_line
@@ -53,29 +61,11 @@ from workers.sim_settings import FaultMode, SimSettings, SimSettingsError, setti
 
 logger = logging.getLogger(__name__)
 
-META_SIM_SEND_NS = "sim_send_ns"
-META_SIM_SCHEDULED_NS = "sim_scheduled_ns"
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI completions default, as SGLang's CompletionRequest
 _SSE_DONE = api.SSE_DATA_PREFIX + api.SSE_DONE + b"\n\n"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-# How SGLang 0.5.23 reacts to each rule finding of workers.sglang: codes SGLang itself refuses while
-# resolving (the exception line it prints, exit 1) and codes it accepts but dies on while loading.
-# Findings not listed are the project's stricter rules: SGLang runs those launches, and so do we.
-_RESOLVE_EXCEPTIONS = {
-    "unknown_algorithm": "ValueError: Unknown speculative algorithm name: {algorithm}",
-    "nonpositive": "AssertionError",
-    "backend_needs_chain": "ValueError: trtllm_mha backend only supports topk = 1 for speculative decoding.",
-    "backend_page_tree": "ValueError: speculative_eagle_topk > 1 with page_size > 1 is only supported on "
-    "('flashinfer', 'fa3', 'triton'); got attention_backend={attention_backend!r}. Use page_size == 1 or one "
-    "of those backends.",
-    "backend_no_spec": "AssertionError: Speculative decoding is currently not supported with Flex Attention "
-    "backend",
-    "rejection_sampling": "ValueError: {message}",
-}
-_LOAD_CRASH_CODES = ("eagle3_without_draft", "missing_draft", "draft_architecture", "draft_vocab_mismatch")
 
 
 class LaunchRefused(SpecsweepError):
@@ -135,7 +125,7 @@ def _refusal(res: Resolution) -> LaunchRefused | None:
             else:
                 continue  # topk > 1 without draft tokens: SGLang resolves it (and fails later)
             return LaunchRefused(_resolution_traceback(line), exit_code=1)
-        template = _RESOLVE_EXCEPTIONS.get(finding.code)
+        template = failures.RESOLVE_EXCEPTIONS.get(finding.code)
         if template is not None:
             line = template.format(
                 algorithm=res.launch.get(api.SPEC_ALGORITHM),
@@ -148,7 +138,7 @@ def _refusal(res: Resolution) -> LaunchRefused | None:
 
 def _load_crash(res: Resolution) -> str | None:
     for finding in res.errors:
-        if finding.code in _LOAD_CRASH_CODES or finding.code == "incomplete_triple":
+        if finding.code in failures.LOAD_CRASH_CODES:
             return (
                 "Traceback (most recent call last):\n"
                 '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", '
@@ -535,7 +525,7 @@ class SimServer:
         if progress.finish_reason is not None:
             meta[api.META_E2E_LATENCY] = (time.perf_counter_ns() - req.received_ns) / 1e9
             meta.update(self._spec_details(req, progress))
-        meta[META_SIM_SCHEDULED_NS] = progress.scheduled_ns
+        meta[api.SIM_SCHEDULED_NS] = progress.scheduled_ns
         return meta
 
     def _spec_details(self, req: SimRequest, progress: Progress) -> dict[str, Any]:
@@ -600,7 +590,7 @@ class SimServer:
                 usage = _usage(sim_request, progress) if options.get("continuous_usage_stats") else None
                 chunk = stream_form.delta_chunk(progress.text[sent_chars:], usage)
                 sent_chars = len(progress.text)
-                chunk[META_SIM_SCHEDULED_NS] = progress.scheduled_ns
+                chunk[api.SIM_SCHEDULED_NS] = progress.scheduled_ns
                 await _write_event(response, chunk)
                 if progress.finish_reason is not None:
                     break
@@ -653,7 +643,7 @@ class _GenerateStream:
             self.request, progress, incremental=self.incremental, sent_tokens=self.sent_tokens
         )
         self.sent_tokens = progress.completion_tokens
-        chunk["meta_info"][META_SIM_SEND_NS] = time.perf_counter_ns()
+        chunk["meta_info"][api.SIM_SEND_NS] = time.perf_counter_ns()
         transport.write(_chunked(api.SSE_DATA_PREFIX + orjson.dumps(chunk) + b"\n\n"))
         if progress.finish_reason is not None:
             transport.write(_chunked(_SSE_DONE))
@@ -797,7 +787,7 @@ def _token_texts(ids: list[int]) -> Iterator[str]:
 
 
 async def _write_event(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
-    chunk[META_SIM_SEND_NS] = time.perf_counter_ns()
+    chunk[api.SIM_SEND_NS] = time.perf_counter_ns()
     await response.write(api.SSE_DATA_PREFIX + orjson.dumps(chunk) + b"\n\n")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from workers.sglang import api
-from workers.sim_server import META_SIM_SCHEDULED_NS, META_SIM_SEND_NS, SimServerHandle, start_sim_server
+from workers.sim_server import SimServerHandle, start_sim_server
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "1"}
@@ -143,7 +143,7 @@ def test_generate_streams_cumulative_chunks_with_spec_stats_on_final_chunk_only(
     assert (
         sum(k * n for k, n in enumerate(histogram)) == final[api.SPEC_NUM_CORRECT_DRAFTS] >= 40 - 1 - verify
     )
-    assert all(m[META_SIM_SEND_NS] >= m[META_SIM_SCHEDULED_NS] > 0 for m in metas)
+    assert all(m[api.SIM_SEND_NS] >= m[api.SIM_SCHEDULED_NS] > 0 for m in metas)
 
 
 def test_generate_replays_identical_acceptance_when_seed_and_prompt_repeat(kimi_target, eagle3_draft):
