@@ -23,7 +23,6 @@ from workers.safetensors_stream import (
     CHUNK_BYTES,
     DTYPE_SIZES,
     SafetensorsHeader,
-    copy_range,
     iter_mapped,
     read_header,
 )
@@ -166,19 +165,6 @@ class CheckpointSource:
             return
         begin = tensor.offset + start
         yield from iter_mapped(self._fds[tensor.file], begin, begin + length)
-
-    def copy_piece(self, tensor: SourceTensor, start: int, length: int, out_fd: int, out_offset: int) -> None:
-        """Write bytes ``[start, start + length)`` of the tensor at ``out_offset`` of ``out_fd``.
-
-        Safetensors bytes are copied inside the kernel; pickled ones are written from memory.
-        """
-        if tensor.name in self._pickled:
-            raw = self._pickled_bytes(tensor)[start : start + length]
-            while raw:
-                written = os.pwrite(out_fd, raw, out_offset)
-                raw, out_offset = raw[written:], out_offset + written
-            return
-        copy_range(self._fds[tensor.file], tensor.offset + start, length, out_fd, out_offset)
 
     def _pickled_bytes(self, tensor: SourceTensor) -> memoryview:
         return memoryview(self._pickled[tensor.name].reshape(-1).view(_torch_uint8()).numpy())

@@ -3,8 +3,8 @@
 A wrong rename loads "fine" in SGLang (unknown keys are skipped) and serves an untrained layer, so
 conversion refuses anything it cannot map exactly and proves the result: config, key set, shapes,
 dtypes, vocab map, values, and a read-back of every written tensor. Tensors are streamed as raw byte
-ranges through one fixed buffer (a rename needs no decoding), so memory stays flat and throughput
-stays near the disk's. Output goes to a temp directory beside DST and is renamed into place; a
+ranges in small chunks (a rename needs no decoding; see tensor_copy), so memory stays flat whatever
+the checkpoint's size. Output goes to a temp directory beside DST and is renamed into place; a
 second run on the same source finds the stored report and does nothing.
 
 ``convert`` is the library entry point; ``convert_cached`` is what a node worker calls so each node

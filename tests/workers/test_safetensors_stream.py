@@ -15,9 +15,10 @@ from workers.eagle3_fixtures import bf16_bits
 from workers.safetensors_stream import (
     MAP_WINDOW_BYTES,
     OutputTensor,
-    copy_range,
     encode_header,
     iter_mapped,
+    pread_exact,
+    pwrite_all,
     read_header,
 )
 from workers.tensor_values import ValueScanner
@@ -89,19 +90,18 @@ def test_iter_mapped_yields_exact_bytes_when_range_is_unaligned_and_spans_window
     assert all(len(chunk) == 1 << 20 for chunk in chunks[:-1])
 
 
-def test_copy_range_appends_exact_bytes_when_copying_a_slice(tmp_path: Path) -> None:
-    """copy_range appends the requested slice of the source to the output."""
-    data = os.urandom(1 << 20)
-    (tmp_path / "src").write_bytes(data)
-    src = os.open(tmp_path / "src", os.O_RDONLY)
-    out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+def test_pwrite_all_and_pread_exact_round_trip_when_writing_at_an_offset(tmp_path: Path) -> None:
+    """Bytes written at an offset read back identically; reading past the end is refused."""
+    data = os.urandom(300_000)
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT)
     try:
-        os.write(out, b"head")
-        copy_range(src, 1000, 5000, out, 4)
+        pwrite_all(fd, memoryview(data), 4096)
+        buffer = bytearray(len(data))
+        assert bytes(pread_exact(fd, buffer, len(data), 4096)) == data
+        with pytest.raises(ConversionError, match="file ended at byte"):
+            pread_exact(fd, buffer, len(data), 8192)
     finally:
-        os.close(src)
-        os.close(out)
-    assert (tmp_path / "out").read_bytes() == b"head" + data[1000:6000]
+        os.close(fd)
 
 
 def _scan(dtype: str, values: np.ndarray, chunk_elements: int = 3) -> ValueScanner:
