@@ -96,6 +96,16 @@ class SweepSummary:
     interrupted: bool
 
 
+def _ready(refs: list[Any]) -> list[Any]:
+    """The refs that are ready: wait up to POLL_S for the first, then take every other one ready now
+    (``num_returns=len(refs)`` would wait the whole timeout whenever one is still running)."""
+    done, rest = ray.wait(refs, num_returns=1, timeout=POLL_S)
+    if done and rest:
+        more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+        done += more
+    return done
+
+
 @contextmanager
 def _file_lock(out: Path) -> Iterator[None]:
     """An exclusive lock on OUT, so two drivers on one machine cannot share a queue."""
@@ -307,8 +317,7 @@ class Driver:
         if not refs:
             time.sleep(POLL_S)
             return
-        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
-        for ref in done:
+        for ref in _ready(list(refs)):
             slot = refs[ref]
             if slot.state == "placing":
                 self._on_ready(slot, ref)
@@ -361,7 +370,7 @@ class Driver:
             self.queue.event("stale_result", f"attempt {lease.attempt} ignored: lease gone", lease.job_id)
             return
         commit_attempt(self.out, job.sweep_id, result, ("requests", "levels", "jobs"))
-        self.queue.complete(lease, node=result.node_host)
+        self.queue.complete(lease, node=result.node_host, worker_s=result.worker_s)
         self._job_seconds.append(time.monotonic() - slot.since)
         self.progress.event(
             f"done   {job.config_label} r{job.repeat_index} ({job.job_id}) on {result.node_host}"
@@ -408,6 +417,7 @@ class Driver:
             log_tail=log_tail,
             node=result.node_host if result else None,
             retry_limit=allowed,
+            worker_s=result.worker_s if result else None,
         )
         verdict = "FAILED" if final else "retry "
         self.progress.event(
@@ -433,8 +443,7 @@ class Driver:
         deadline = time.monotonic() + self.spec.timeouts.stop_s + 15.0
         while any(s.state == "busy" for s in busy) and time.monotonic() < deadline:
             refs = {s.job_ref: s for s in busy if s.state == "busy"}
-            done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
-            for ref in done:
+            for ref in _ready(list(refs)):
                 self._on_job_answer(refs[ref], ref)
         for slot in busy:
             if slot.state == "busy" and slot.lease is not None:

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     error_class TEXT,
     error_text TEXT,
     log_tail TEXT,
+    worker_s REAL,
     started_ns INTEGER NOT NULL,
     finished_ns INTEGER,
     PRIMARY KEY (job_id, attempt)
@@ -103,6 +104,7 @@ class AttemptRow:
     error_class: str | None
     error_text: str | None
     log_tail: str | None
+    worker_s: float | None  # the worker's own time for the attempt (None: no answer came)
     started_ns: int
     finished_ns: int | None
 
@@ -192,7 +194,7 @@ class JobQueue:
         ).fetchone()
         return row is not None
 
-    def complete(self, lease: Lease, *, node: str | None) -> bool:
+    def complete(self, lease: Lease, *, node: str | None, worker_s: float | None = None) -> bool:
         """Mark the job done if the lease still holds; False (and nothing changed) for a stale lease."""
         with self._transaction():
             if not self.holds(lease.job_id, lease.token):
@@ -204,7 +206,7 @@ class JobQueue:
                 " finished_ns = ?, updated_ns = ? WHERE id = ?",
                 (now, now, lease.job_id),
             )
-            self._finish_attempt(lease, "done", node, None, None, None)
+            self._finish_attempt(lease, "done", node, None, None, None, worker_s)
             self._event(lease.job_id, "done", f"attempt {lease.attempt} on slot {lease.slot}")
         return True
 
@@ -217,6 +219,7 @@ class JobQueue:
         log_tail: str | None,
         node: str | None,
         retry_limit: int,
+        worker_s: float | None = None,
     ) -> str | None:
         """Record a failed attempt; the job goes back to pending (avoiding this slot) while it has
         failed at most ``retry_limit`` times, else to failed. Returns the new state, None if stale."""
@@ -244,7 +247,7 @@ class JobQueue:
                     lease.job_id,
                 ),
             )
-            self._finish_attempt(lease, "failed", node, error_class, error_text, log_tail)
+            self._finish_attempt(lease, "failed", node, error_class, error_text, log_tail, worker_s)
             self._event(
                 lease.job_id, "retry" if state == "pending" else "failed", f"{error_class}: {error_text}"
             )
@@ -259,7 +262,7 @@ class JobQueue:
                 "UPDATE jobs SET state = 'pending', lease_token = NULL, updated_ns = ? WHERE id = ?",
                 (time.time_ns(), lease.job_id),
             )
-            self._finish_attempt(lease, "released", None, None, reason, None)
+            self._finish_attempt(lease, "released", None, None, reason, None, None)
             self._event(lease.job_id, "released", reason)
 
     def requeue(self, states: tuple[str, ...], reason: str) -> list[str]:
@@ -339,11 +342,22 @@ class JobQueue:
         error_class: str | None,
         error_text: str | None,
         log_tail: str | None,
+        worker_s: float | None,
     ) -> None:
         self._conn.execute(
             "UPDATE attempts SET outcome = ?, node = COALESCE(?, node), error_class = ?, error_text = ?,"
-            " log_tail = ?, finished_ns = ? WHERE job_id = ? AND attempt = ?",
-            (outcome, node, error_class, error_text, log_tail, time.time_ns(), lease.job_id, lease.attempt),
+            " log_tail = ?, worker_s = ?, finished_ns = ? WHERE job_id = ? AND attempt = ?",
+            (
+                outcome,
+                node,
+                error_class,
+                error_text,
+                log_tail,
+                worker_s,
+                time.time_ns(),
+                lease.job_id,
+                lease.attempt,
+            ),
         )
 
     def _event(self, job_id: str | None, kind: str, detail: str) -> None:
@@ -399,7 +413,7 @@ def read_jobs(conn: sqlite3.Connection) -> list[JobRow]:
 
 def read_attempts(conn: sqlite3.Connection, job_id: str | None = None) -> list[AttemptRow]:
     query = (
-        "SELECT job_id, attempt, slot, node, outcome, error_class, error_text, log_tail, started_ns,"
+        "SELECT job_id, attempt, slot, node, outcome, error_class, error_text, log_tail, worker_s, started_ns,"
         " finished_ns FROM attempts"
     )
     rows = (

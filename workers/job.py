@@ -181,6 +181,7 @@ class AttemptResult:
     error_text: str | None
     log_tail: str | None
     node_host: str
+    worker_s: float  # run_job's own wall time, entry to return (the driver's overhead is the rest)
     files: dict[str, bytes] = field(default_factory=dict)
 
     @property

@@ -91,6 +91,7 @@ class _Attempt:
     attempt: int
     token: str
     facts: AttemptFacts
+    entered: float  # time.monotonic() when run_job was called
 
 
 def config_mismatches(planned: SpecParams, live: SpecParams) -> list[str]:
@@ -156,10 +157,15 @@ class NodeWorker:
 
     def run_job(self, payload: str, attempt: int, token: str) -> AttemptResult:
         """Run one attempt of a job; never raises for a failure it can name."""
+        entered = time.monotonic()
         job = JobSpec.model_validate_json(payload)
         self._cancel.clear()
         state = _Attempt(
-            job, attempt, token, AttemptFacts(node_host=self.node_host, started_unix_ns=time.time_ns())
+            job,
+            attempt,
+            token,
+            AttemptFacts(node_host=self.node_host, started_unix_ns=time.time_ns()),
+            entered,
         )
         try:
             requests, levels = self._run(state)
@@ -352,5 +358,6 @@ class NodeWorker:
             error_text=message,
             log_tail=log_tail,
             node_host=self.node_host,
+            worker_s=time.monotonic() - state.entered,
             files=files,
         )
