@@ -815,7 +815,7 @@ def _configure_logging(level: str) -> None:
 async def _serve(server: SimServer, host: str, port: int) -> None:
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=server.settings.reuse_port or None)
     await site.start()
     logger.info("INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
     server.begin_loading()

@@ -12,6 +12,9 @@ does not have comes from the environment:
 ``SPECSWEEP_SIM_FAULT``         one fault mode (see ``FaultMode``). Default: none.
 ``SPECSWEEP_SIM_FAULT_AFTER``   for ``crash_after`` / ``hang_mid_stream``: requests served normally first.
 ``SPECSWEEP_SIM_FAULT_EVERY``   for ``http_500``: every N-th generation request fails with HTTP 500.
+``SPECSWEEP_SIM_REUSE_PORT``    ``1``: bind with SO_REUSEPORT, so several servers (each its own scheduler)
+                                share one port; benchmarks use it to give a batch-independent paced
+                                profile enough CPU. Default ``0`` (a busy port is an error).
 ==============================  ==========================================================================
 
 SGLang's own ``SGLANG_HEALTH_CHECK_TIMEOUT`` (seconds, default 20) is honoured by ``/health`` as in SGLang.
@@ -37,6 +40,7 @@ ENV_LOAD_DELAY_S = "SPECSWEEP_SIM_LOAD_DELAY_S"
 ENV_FAULT = "SPECSWEEP_SIM_FAULT"
 ENV_FAULT_AFTER = "SPECSWEEP_SIM_FAULT_AFTER"
 ENV_FAULT_EVERY = "SPECSWEEP_SIM_FAULT_EVERY"
+ENV_REUSE_PORT = "SPECSWEEP_SIM_REUSE_PORT"
 ENV_HEALTH_TIMEOUT = "SGLANG_HEALTH_CHECK_TIMEOUT"
 
 
@@ -70,6 +74,9 @@ class SimSettings(BaseModel):
     fault_after: int = Field(default=0, ge=0, description="Requests served normally before the fault.")
     fault_every: int = Field(default=2, ge=1, description="Period of HTTP 500 answers (http_500 mode).")
     health_timeout_s: float = Field(default=20.0, gt=0, description="SGLang's /health generation timeout.")
+    reuse_port: bool = Field(
+        default=False, description="Bind with SO_REUSEPORT: several servers share one port (benchmarks)."
+    )
 
 
 def load_profile(path: Path) -> SimProfile:
@@ -111,6 +118,16 @@ def _parse_profile_text(text: str, *, yaml_syntax: bool) -> object:
         raise ValueError(str(exc)) from exc
 
 
+def _switch(raw: str) -> bool:
+    """``1``/``true``/``yes`` or ``0``/``false``/``no`` (any case); anything else is a ValueError."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(f"not a switch: {raw!r}")
+
+
 def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
     """Read the knobs from ``environ`` (default ``os.environ``); unset variables keep their defaults."""
     env = os.environ if environ is None else environ
@@ -125,6 +142,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
         (ENV_FAULT_AFTER, "fault_after", int),
         (ENV_FAULT_EVERY, "fault_every", int),
         (ENV_HEALTH_TIMEOUT, "health_timeout_s", float),
+        (ENV_REUSE_PORT, "reuse_port", _switch),
     ):
         raw = env.get(name)
         if raw is None or raw == "":

@@ -143,3 +143,12 @@ def test_settings_from_env_reads_knobs_and_rejects_unknown_fault():
         settings_from_env({"SPECSWEEP_SIM_FAULT": "explode"})
     with pytest.raises(SimSettingsError, match="time_scale"):
         settings_from_env({"SPECSWEEP_SIM_TIME_SCALE": "-1"})
+
+
+def test_settings_from_env_reads_reuse_port_switch_when_given():
+    """SPECSWEEP_SIM_REUSE_PORT is off by default, on for 1/true/yes; another word names the variable."""
+    assert not settings_from_env({}).reuse_port
+    assert settings_from_env({"SPECSWEEP_SIM_REUSE_PORT": "1"}).reuse_port
+    assert not settings_from_env({"SPECSWEEP_SIM_REUSE_PORT": "false"}).reuse_port
+    with pytest.raises(SimSettingsError, match="SPECSWEEP_SIM_REUSE_PORT"):
+        settings_from_env({"SPECSWEEP_SIM_REUSE_PORT": "maybe"})

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from workers.sglang import api
-from workers.sim_server import SimServerHandle, start_sim_server
+from workers.sim_server import SimServerHandle, free_port, start_sim_server
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "1"}
@@ -318,3 +319,21 @@ def test_openai_async_client_streams_concurrently_when_many_requests(server):
             await client.close()
 
     assert [len(t.split()) for t in asyncio.run(run())] == [20] * 16
+
+
+def test_servers_share_one_port_when_reuse_port_is_set(kimi_target: Path):
+    """Under SPECSWEEP_SIM_REUSE_PORT=1 two servers bind one port and the kernel spreads connections."""
+    port = free_port()
+    args = ["--model-path", str(kimi_target), "--port", str(port)]
+    env = {**FAST, "SPECSWEEP_SIM_REUSE_PORT": "1"}
+    with start_sim_server(args, env=env) as first, start_sim_server(args, env=env) as second:
+        started: set[float] = set()
+        deadline = time.monotonic() + 30  # the second is "healthy" as soon as the first answers
+        while len(started) < 2 and time.monotonic() < deadline:
+            started.add(get_json(first.url + api.SERVER_INFO)["startup_time"])  # a new connection each
+        status, body = post(
+            first.url + api.GENERATE, {"text": "a b c", "sampling_params": {"max_new_tokens": 4}}
+        )
+        assert first.process.poll() is None and second.process.poll() is None
+    assert len(started) == 2
+    assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 4
