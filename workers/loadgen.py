@@ -42,16 +42,17 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from analysis.schema import RequestRecord, requests_table, write_parquet_atomic
 from workers.calibration import ClientDelay, LoopbackServer, loopback_body
 from workers.sglang import api
-from workers.sglang_stream import ResponseStream, StreamError
+from workers.sglang_stream import FinalStats, ResponseStream, StreamError
 from workers.sse import SSEDecoder, SSEFormatError
 from workers.workloads import PreparedRequest, Workload, request_stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Streams one process drives at 20 ms steps: ~27 us of CPU per chunk measured (bench/loadgen.py) gives
-# ~37,000 chunks/s per core, i.e. ~740 streams at 50 chunks/s each.
-STREAMS_PER_PROCESS = 768
+# Streams one process drives. At 20 ms steps 128 streams bring 6,400 chunks/s; at the 20-40 us of CPU per
+# chunk measured (bench/loadgen.py) that is 13-26% of a core, so the burst of one chunk per stream that
+# every step brings is read within ~2 ms. Throughput alone would allow ~5x more, but not that delay.
+STREAMS_PER_PROCESS = 128
 _READ_BUFFER = 1 << 20
 CUT_OFF = "cut_off"  # error_type of a request still running when the run was stopped
 _ERROR_BODY_BYTES = 2048
@@ -145,10 +146,42 @@ class _Context:
     warmup: bool
 
 
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """One request as measured: absolute stamps, tokens per chunk, final statistics, error.
+
+    Turning it into a ``RequestRecord`` (relative times, per-token and per-step gaps) is left until the
+    run is over: streams end in bursts, and that arithmetic would otherwise run while the chunks of
+    other streams wait to be stamped.
+    """
+
+    ctx: _Context
+    prep: PreparedRequest
+    status: int | None
+    error: tuple[str, str] | None
+    stats: FinalStats | None
+    scheduled_abs_ns: int | None
+    start_ns: int
+    end_ns: int
+    chunk_arrival_ns: list[int]
+    chunk_tokens: list[int]
+    server_chunk_ns: list[int]
+    tokens_seen: int
+
+    @property
+    def error_type(self) -> str | None:
+        return self.error[0] if self.error else None
+
+
+def _records(outcomes: Iterable[_Outcome]) -> list[RequestRecord]:
+    """Each outcome's record; latencies only from what was measured."""
+    return [_record(outcome) for outcome in outcomes]
+
+
 async def _send(
     session: aiohttp.ClientSession, ctx: _Context, prep: PreparedRequest, scheduled_abs_ns: int | None
-) -> RequestRecord:
-    """Send one request and read its stream; always returns a record (errors included)."""
+) -> _Outcome:
+    """Send one request and read its stream; always returns an outcome (errors included)."""
     stream = ResponseStream(prep.endpoint)
     decoder = SSEDecoder()
     status: int | None = None
@@ -188,10 +221,10 @@ async def _send(
     except (aiohttp.ClientError, OSError, ValueError) as err:
         error = ("client_error", f"{type(err).__name__}: {err}")
     end_ns = time.perf_counter_ns()
-    return _record(ctx, prep, stream, decoder, status, error, scheduled_abs_ns, start_ns, end_ns)
+    return _outcome(ctx, prep, stream, decoder, status, error, scheduled_abs_ns, start_ns, end_ns)
 
 
-def _record(
+def _outcome(
     ctx: _Context,
     prep: PreparedRequest,
     stream: ResponseStream,
@@ -201,8 +234,8 @@ def _record(
     scheduled_abs_ns: int | None,
     start_ns: int,
     end_ns: int,
-) -> RequestRecord:
-    """The record of one finished (or failed) request; latencies only from what was measured."""
+) -> _Outcome:
+    """What a finished (or failed) stream says: its error class, if any, and its final statistics."""
     stats = None
     if error is None:
         if not stream.done:
@@ -216,13 +249,32 @@ def _record(
                 stats = stream.final_stats()
             except StreamError as err:
                 error = (err.error_type, str(err))
-    if stream.done_ns is not None:
-        end_ns = stream.done_ns
-    arrivals = [t - start_ns for t in stream.chunk_arrival_ns]
-    tokens = stream.chunk_tokens
+    return _Outcome(
+        ctx=ctx,
+        prep=prep,
+        status=status,
+        error=error,
+        stats=stats,
+        scheduled_abs_ns=scheduled_abs_ns,
+        start_ns=start_ns,
+        end_ns=end_ns if stream.done_ns is None else stream.done_ns,
+        chunk_arrival_ns=stream.chunk_arrival_ns,
+        chunk_tokens=stream.chunk_tokens,
+        server_chunk_ns=stream.server_chunk_ns,
+        tokens_seen=stream.completion_tokens,
+    )
+
+
+def _record(outcome: _Outcome) -> RequestRecord:
+    """The record of one outcome: times relative to the run start and to the request's send."""
+    ctx, stats, error = outcome.ctx, outcome.stats, outcome.error
+    start_ns, end_ns = outcome.start_ns, outcome.end_ns
+    scheduled_abs_ns = outcome.scheduled_abs_ns
+    arrivals = [t - start_ns for t in outcome.chunk_arrival_ns]
+    tokens = outcome.chunk_tokens
     completion = stats.completion_tokens if stats and stats.completion_tokens is not None else None
     if completion is None and tokens:
-        completion = stream.completion_tokens
+        completion = outcome.tokens_seen
     ttft_ms = arrivals[0] / 1e6 if arrivals else None
     step_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(arrivals)]
     token_ms = [gap / n for gap, n in zip(step_ms, tokens[1:], strict=True) for _ in range(n)]
@@ -231,11 +283,11 @@ def _record(
         tpot_ms = (arrivals[-1] - arrivals[0]) / 1e6 / (completion - 1)
     level = ctx.level
     return RequestRecord(
-        request_id=f"{'w' if ctx.warmup else 'r'}{prep.index:07d}",
+        request_id=f"{'w' if ctx.warmup else 'r'}{outcome.prep.index:07d}",
         load_level=level.label,
         concurrency=level.concurrency,
         rate_rps=level.rate_rps,
-        endpoint=prep.endpoint,
+        endpoint=outcome.prep.endpoint,
         warmup=ctx.warmup,
         scheduled_ns=(start_ns if scheduled_abs_ns is None else scheduled_abs_ns) - ctx.t0_ns,
         start_ns=start_ns - ctx.t0_ns,
@@ -247,7 +299,7 @@ def _record(
         completion_tokens=completion,
         chunk_arrival_ns=arrivals,
         chunk_tokens=list(tokens),
-        server_chunk_ns=[t - start_ns for t in stream.server_chunk_ns] or None,
+        server_chunk_ns=[t - start_ns for t in outcome.server_chunk_ns] or None,
         itl_per_token_ms=token_ms,
         itl_per_step_ms=step_ms,
         finish_reason=stats.finish_reason if stats else None,
@@ -257,7 +309,7 @@ def _record(
         spec_num_correct_drafts=stats.spec_num_correct_drafts if stats else None,
         spec_num_proposed_drafts=stats.spec_num_proposed_drafts if stats else None,
         spec_correct_drafts_histogram=stats.spec_correct_drafts_histogram if stats else None,
-        http_status=status,
+        http_status=outcome.status,
         error_type=error[0] if error else None,
         error_message=error[1] if error else None,
     )
@@ -311,7 +363,7 @@ async def _closed_loop(
     requests: Iterator[PreparedRequest],
     workers: int,
     deadline_abs_ns: int | None,
-    records: list[RequestRecord],
+    outcomes: list[_Outcome],
 ) -> None:
     """``workers`` coroutines, each sending its next request as soon as the last one ends."""
 
@@ -319,9 +371,9 @@ async def _closed_loop(
         for prep in requests:
             if deadline_abs_ns is not None and time.perf_counter_ns() >= deadline_abs_ns:
                 return
-            record = await _send(session, ctx, prep, None)
-            records.append(record)
-            if record.error_type == CUT_OFF:  # the run is being stopped (duration over, or Ctrl-C)
+            outcome = await _send(session, ctx, prep, None)
+            outcomes.append(outcome)
+            if outcome.error_type == CUT_OFF:  # the run is being stopped (duration over, or Ctrl-C)
                 return
 
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
@@ -335,7 +387,7 @@ async def _open_loop(
     offsets_ns: Iterator[int],
     cap: int | None,
     deadline_abs_ns: int | None,
-    records: list[RequestRecord],
+    outcomes: list[_Outcome],
 ) -> None:
     """Send each request at its scheduled time (or as soon after as the cap allows)."""
     slots = asyncio.Semaphore(cap) if cap else None
@@ -343,7 +395,7 @@ async def _open_loop(
 
     async def one(prep: PreparedRequest, scheduled: int) -> None:
         try:
-            records.append(await _send(session, ctx, prep, scheduled))
+            outcomes.append(await _send(session, ctx, prep, scheduled))
         finally:
             if slots is not None:
                 slots.release()
@@ -436,32 +488,32 @@ async def _run_measured(
     requests: Iterator[PreparedRequest],
     shard: _Shard,
     t0_ns: int,
-    records: list[RequestRecord],
+    outcomes: list[_Outcome],
 ) -> None:
-    """This process's share of the measured requests, starting at ``t0_ns``, appended to ``records``."""
+    """This process's share of the measured requests, starting at ``t0_ns``, appended to ``outcomes``."""
     ctx = _Context(base_url, level, t0_ns, warmup=False)
     deadline = t0_ns + round(level.duration_s * 1e9) if level.duration_s is not None else None
     await _sleep_until(t0_ns)
     if level.concurrency is not None:
-        await _closed_loop(session, ctx, requests, shard.share(level.concurrency), deadline, records)
+        await _closed_loop(session, ctx, requests, shard.share(level.concurrency), deadline, outcomes)
     else:
         offsets = (o for k, o in enumerate(arrival_offsets_ns(level)) if k % shard.count == shard.index)
         cap = shard.share(level.max_concurrency) if level.max_concurrency else None
-        await _open_loop(session, ctx, requests, offsets, cap, deadline, records)
+        await _open_loop(session, ctx, requests, offsets, cap, deadline, outcomes)
 
 
 async def _warmup(
     session: aiohttp.ClientSession, base_url: str, level: LoadLevel, workload: Workload
 ) -> tuple[list[RequestRecord], bool | None]:
     """Send the warmup requests (closed loop at the level's streams), then flush the cache if asked."""
-    records: list[RequestRecord] = []
+    outcomes: list[_Outcome] = []
     if level.warmup_requests:
         ctx = _Context(base_url, level, time.perf_counter_ns(), warmup=True)
         requests = request_stream(workload, iter(range(level.warmup_requests)))
         workers = min(level.warmup_requests, level.streams or level.warmup_requests)
-        await _closed_loop(session, ctx, requests, workers, None, records)
+        await _closed_loop(session, ctx, requests, workers, None, outcomes)
     flushed = await _flush_cache(session, base_url, level.request_timeout_s) if level.flush_cache else None
-    return records, flushed
+    return _records(outcomes), flushed
 
 
 async def _flush_cache(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> bool:
@@ -488,7 +540,9 @@ async def _calibrate(streams: int, chunks: int = 40, interval_us: int = 5000) ->
         async with _session(streams, level) as session:
             ctx = _Context(server.url, level, time.perf_counter_ns(), warmup=False)
             prep = PreparedRequest(0, api.GENERATE, loopback_body(chunks, interval_us), chunks)
-            records = await asyncio.gather(*(_send(session, ctx, prep, None) for _ in range(streams)))
+            records = _records(
+                await asyncio.gather(*(_send(session, ctx, prep, None) for _ in range(streams)))
+            )
     delays = [
         (arrival - sent) / 1e3
         for r in records
@@ -568,15 +622,17 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
 
     warmup_records, flushed = _run_async(warmup)
     records: list[RequestRecord] = []
+    outcomes: list[_Outcome] = []
     interrupted = False
     with _no_gc_pauses():
         try:
             if processes == 1:
-                _run_async(lambda: _run_one_process(base_url, level, workload, records))
+                _run_async(lambda: _run_one_process(base_url, level, workload, outcomes))
             else:
                 _run_shard_processes(base_url, level, workload, processes, records)
         except KeyboardInterrupt:  # in-flight requests became cut_off records; keep them all
             interrupted = True
+        records.extend(_records(outcomes))
     records.sort(key=lambda r: (r.start_ns, r.request_id))
     return LoadResult(
         level=level,
@@ -592,13 +648,13 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
 
 
 async def _run_one_process(
-    base_url: str, level: LoadLevel, workload: Workload, records: list[RequestRecord]
+    base_url: str, level: LoadLevel, workload: Workload, outcomes: list[_Outcome]
 ) -> None:
     shard = _Shard(0, 1)
     requests = _prepared_requests(level, workload, shard)
     async with _session(level.streams, level) as session:
         t0_ns = time.perf_counter_ns()
-        await _run_measured(session, base_url, level, requests, shard, t0_ns, records)
+        await _run_measured(session, base_url, level, requests, shard, t0_ns, outcomes)
 
 
 def _achieved_rate(level: LoadLevel, records: list[RequestRecord]) -> float | None:
@@ -688,18 +744,20 @@ def _shard_main() -> int:
     workload = _WORKLOAD_ADAPTER.validate_python(job["workload"])
     shard = _Shard(job["shard"], job["shards"])
 
-    records: list[RequestRecord] = []
+    outcomes: list[_Outcome] = []
 
     async def main() -> None:
         requests = _prepared_requests(level, workload, shard)
         async with _session(shard.share(level.streams) if level.streams else None, level) as session:
             print("ready", flush=True)
             t0_ns = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
-            await _run_measured(session, job["url"], level, requests, shard, t0_ns, records)
+            await _run_measured(session, job["url"], level, requests, shard, t0_ns, outcomes)
 
     # On Ctrl-C in-flight requests become cut_off records; all records are written either way.
-    with _no_gc_pauses(), contextlib.suppress(KeyboardInterrupt):
-        _run_async(main)
+    with _no_gc_pauses():
+        with contextlib.suppress(KeyboardInterrupt):
+            _run_async(main)
+        records = _records(outcomes)
     write_parquet_atomic(requests_table(records), job["out"])
     return 0
 
