@@ -10,18 +10,28 @@ fresh server. Reported: achieved req/s and tok/s, TTFT and TPOT medians against 
 (the server's own send stamps, and the design values), and our client-added delay per chunk (arrival
 minus the server's send stamp; p50/p99 over all chunks).
 
+The simulator must never be this bench's bottleneck. The paced profile's step time does not depend on the
+batch, so "the server" is ``SIM_PROCESSES`` simulated servers sharing one port (SO_REUSEPORT, each its own
+scheduler): every stream still gets exactly the paced schedule and every chunk its send stamp. (The sweep
+models one scheduler; this is for the paced bench only.) SGLang's client runs when ``.venv-sglang`` exists.
+
 Goals at 1024 streams: client-added delay p99 <= 2 ms, TPOT within 2% of truth, req/s >= 90% of ideal
 and >= 2x SGLang's client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import resource
 import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +40,9 @@ import psutil
 from bench.common import REPO, emit
 from tests.workers.sim_tokenizer import write_word_tokenizer
 from workers.loadgen import LoadLevel, LoadResult, run_load
-from workers.sim_server import start_sim_server
+from workers.sim_faults import READY_LINE
+from workers.sim_server import SimServerStartError, free_port, start_sim_server
+from workers.sim_settings import ENV_PROFILE, ENV_REUSE_PORT
 from workers.workloads import RandomIdsWorkload
 
 STEP_S = 0.020
@@ -40,6 +52,7 @@ OUTPUT_TOKENS = 256
 CYCLES = 3  # requests per stream: enough for the streams to cycle and desynchronise if the client lags
 CONCURRENCIES = (256, 1024)
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
+SIM_PROCESSES = max(1, min(4, (os.cpu_count() or 1) // 4))  # a quarter of the cores; the client gets half
 PACED_PROFILE = {
     "name": "paced-20ms-3-tokens",
     "overhead_s": 0.0,
@@ -78,22 +91,50 @@ TRUE_TPOT_MS = DECODE_STEPS * STEP_S * 1e3 / (OUTPUT_TOKENS - 1)
 
 
 class CpuMeter:
-    """CPU seconds used by this process and its reaped children (the client), and by the server."""
+    """CPU seconds used by this process and its reaped children (the client), and by the servers."""
 
-    def __init__(self, server_pid: int) -> None:
-        self._server = psutil.Process(server_pid)
+    def __init__(self, server_pids: list[int]) -> None:
+        self._servers = [psutil.Process(pid) for pid in server_pids]
         self._start = self._read()
 
     def _read(self) -> tuple[float, float]:
         own = resource.getrusage(resource.RUSAGE_SELF)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        server = self._server.cpu_times()
         client = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-        return client, server.user + server.system
+        return client, sum(sum(p.cpu_times()[:2]) for p in self._servers)
 
     def used(self) -> dict[str, float]:
         client, server = self._read()
         return {"client_cpu_s": client - self._start[0], "server_cpu_s": server - self._start[1]}
+
+
+@dataclass(frozen=True)
+class PacedServers:
+    """Simulated servers sharing one port: where to reach them and their process ids."""
+
+    url: str
+    pids: list[int]
+
+
+@contextlib.contextmanager
+def paced_servers(profile: Path, count: int = SIM_PROCESSES) -> Iterator[PacedServers]:
+    """``count`` simulated servers (the paced profile) on one port; all ready before yielding."""
+    port = free_port()
+    env = {ENV_PROFILE: str(profile), ENV_REUSE_PORT: "1"}
+    with contextlib.ExitStack() as stack:
+        handles = [
+            stack.enter_context(
+                start_sim_server([*SERVER_ARGS, "--port", str(port)], env=env, wait_healthy=False)
+            )
+            for _ in range(count)
+        ]
+        deadline = time.monotonic() + 60
+        while not all(READY_LINE in h.log_text() for h in handles):
+            if time.monotonic() > deadline or any(h.process.poll() is not None for h in handles):
+                raise SimServerStartError("\n".join(h.log_text()[-2000:] for h in handles))
+            time.sleep(0.05)
+        handles[0].wait_healthy(30)
+        yield PacedServers(handles[0].url, [h.process.pid for h in handles])
 
 
 def run_ours(url: str, streams: int, processes: int | None = None) -> LoadResult:
@@ -136,7 +177,9 @@ def run_sglang(url: str, streams: int, tokenizer: Path, out: Path) -> dict:
     return json.loads(out.read_text().splitlines()[-1])
 
 
-def report_ours(streams: int, result: LoadResult, cpu: dict[str, float], tag: str) -> tuple[float, float]:
+def report_ours(
+    streams: int, result: LoadResult, cpu: dict[str, float | int], tag: str
+) -> tuple[float, float]:
     """Our run's lines; truth per request is the server's own send stamps (same clock)."""
     ok = [r for r in result.records if r.error_type is None]
     duration_s = (max(r.end_ns for r in result.records) - min(r.start_ns for r in result.records)) / 1e9
@@ -218,7 +261,7 @@ def emit_cpu_per_chunk(tag: str, chunks: int, common: dict) -> float:
     return per_chunk
 
 
-def report_sglang(streams: int, out: dict, cpu: dict[str, float]) -> tuple[float, float]:
+def report_sglang(streams: int, out: dict, cpu: dict[str, float | int]) -> tuple[float, float]:
     """SGLang's client's lines, from its own output file (it has no per-request server stamps)."""
     ideal = streams / IDEAL_REQUEST_S
     tag = f"loadgen.c{streams}.sglang_client"
@@ -247,22 +290,33 @@ def main() -> int:
         profile = work / "paced.json"
         profile.write_text(json.dumps(PACED_PROFILE))
         tokenizer = write_word_tokenizer(work / "tokenizer")
-        env = {"SPECSWEEP_SIM_PROFILE": str(profile)}
         for streams in CONCURRENCIES:
-            with start_sim_server(SERVER_ARGS, env=env) as server:
-                meter = CpuMeter(server.process.pid)
-                result = run_ours(server.url, streams)
-                ours_req_s, ours_cpu = report_ours(streams, result, meter.used(), f"loadgen.c{streams}.ours")
+            context = {
+                "streams": streams,
+                "sim_processes": SIM_PROCESSES,
+                "cpu_count": os.cpu_count(),
+                "load_average_1m": os.getloadavg()[0],
+            }
+            with paced_servers(profile) as servers:
+                meter = CpuMeter(servers.pids)
+                result = run_ours(servers.url, streams)
+                ours_req_s, ours_cpu = report_ours(
+                    streams, result, {**meter.used(), **context}, f"loadgen.c{streams}.ours"
+                )
             if result.processes > 1:  # the automatic choice, against one process
-                with start_sim_server(SERVER_ARGS, env=env) as server:
-                    meter = CpuMeter(server.process.pid)
-                    single = run_ours(server.url, streams, processes=1)
-                    report_ours(streams, single, meter.used(), f"loadgen.c{streams}.ours_one_process")
-            with start_sim_server(SERVER_ARGS, env=env) as server:
-                meter = CpuMeter(server.process.pid)
-                out = run_sglang(server.url, streams, tokenizer, work / f"sglang-{streams}.jsonl")
-                sglang_req_s, sglang_cpu = report_sglang(streams, out, meter.used())
-            context = {"streams": streams, "cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0]}
+                with paced_servers(profile) as servers:
+                    meter = CpuMeter(servers.pids)
+                    single = run_ours(servers.url, streams, processes=1)
+                    report_ours(
+                        streams, single, {**meter.used(), **context}, f"loadgen.c{streams}.ours_one_process"
+                    )
+            if not SGLANG_PYTHON.exists():
+                print(f"SGLang's client not run: no {SGLANG_PYTHON}", file=sys.stderr)
+                continue
+            with paced_servers(profile) as servers:
+                meter = CpuMeter(servers.pids)
+                out = run_sglang(servers.url, streams, tokenizer, work / f"sglang-{streams}.jsonl")
+                sglang_req_s, sglang_cpu = report_sglang(streams, out, {**meter.used(), **context})
             emit(f"loadgen.c{streams}.ours_vs_sglang_client.req_s", "x", ours_req_s / sglang_req_s, **context)
             emit(
                 f"loadgen.c{streams}.sglang_client_vs_ours.cpu_per_chunk",
