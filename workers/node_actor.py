@@ -169,14 +169,14 @@ class NodeWorker:
         )
         try:
             requests, levels = self._run(state)
-        except ServerFailure as failure:
-            return self._failed(state, failure.error_class, failure.message, failure.log_tail)
-        except GpusBusy as busy:
-            return self._failed(state, "gpus_busy", str(busy), None)
-        except ConversionError as err:
-            return self._failed(state, "bad_drafter", str(err), None)
-        except JobCancelled:
-            return self._failed(state, "cancelled", "stopped by the driver", None)
+        except (ServerFailure, GpusBusy, ConversionError, JobCancelled) as err:
+            if self._cancel.is_set():  # whatever broke, it broke because the driver stopped the server
+                return self._failed(state, "cancelled", "stopped by the driver", None)
+            if isinstance(err, ServerFailure):
+                return self._failed(state, err.error_class, err.message, err.log_tail)
+            return self._failed(
+                state, "gpus_busy" if isinstance(err, GpusBusy) else "bad_drafter", str(err), None
+            )
         return self._finish(state, None, None, None, requests, levels)
 
     def _run(self, state: _Attempt) -> tuple[list[RequestRecord], list[LevelRecord]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import signal
 import sqlite3
@@ -25,8 +26,9 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
+from harness.cli import main
 from harness.commands.plan import validated_plan
-from harness.driver import SweepSummary, run_sweep
+from harness.driver import SweepSummary, _acquire_driver_lock, run_sweep
 from harness.plan import Plan, unchecked_plan
 from harness.progress import LogProgress
 from harness.queue import open_read_only, read_attempts, read_counts, read_jobs
@@ -165,7 +167,7 @@ def processes_of_job(job_id: str) -> list[int]:
 
 
 def test_driver_runs_every_job_exactly_once_when_two_nodes(
-    cluster: Any, models: dict[str, str], tmp_path: Path
+    cluster: Any, models: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Six speculative configs + the baseline on two nodes: each job done once, exact row counts."""
     out = tmp_path / "out"
@@ -188,6 +190,25 @@ def test_driver_runs_every_job_exactly_once_when_two_nodes(
     for job in jobs:  # one attempt, one server log, nothing left running
         assert sorted(p.name for p in (out / "logs" / job.id).iterdir()) == ["attempt-1"]
         assert processes_of_job(job.id) == []
+    assert main(["status", str(out), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["counts"]["done"] == 7 and len(status["attempts"]) == 7
+
+
+def test_driver_refuses_second_driver_when_sweep_is_locked(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """The named-actor lock: a second driver on the same sweep (even with another --out) is refused."""
+    data = make_spec(models, tmp_path / "out", speculative=None)
+    spec = parse_spec(data)
+    lock = _acquire_driver_lock(spec.sweep_id(), tmp_path / "elsewhere")
+    try:
+        with pytest.raises(ClusterError, match="another driver is running sweep"):
+            run(data)
+    finally:
+        import ray
+
+        ray.kill(lock)
 
 
 def test_driver_refuses_then_fails_once_when_base_args_have_a_bad_flag(
@@ -337,6 +358,44 @@ def test_driver_resumes_without_rerunning_when_killed_mid_sweep(
     assert len(rows(out, "jobs")) == 7
     assert len(rows(out, "levels")) == 7 * LEVELS
     assert len(rows(out, "requests")) == 7 * LEVELS * REQUESTS_PER_LEVEL
+
+
+def test_driver_stops_servers_and_releases_leases_when_sigterm(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM mid-job: the driver stops the servers, releases the leases (no failure counted), exits
+    130 and says how to resume; no server process of the sweep is left."""
+    out = tmp_path / "out"
+    spec_file = tmp_path / "sweep.yaml"
+    data = make_spec(models, out, speculative={"chain_depths": [2]}, env={"SPECSWEEP_SIM_TIME_SCALE": "0.3"})
+    spec_file.write_text(yaml.safe_dump(data))
+    log = tmp_path / "driver.log"
+    with open(log, "wb") as log_file:
+        driver = subprocess.Popen(
+            _driver_cmd(spec_file, cluster), cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (out / "queue.sqlite").exists() and queue_state(out)[0]["leased"] == 2:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)  # the servers are up and loaded
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=60) == 130, log.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    counts, jobs, attempts = queue_state(out)
+    assert counts["leased"] == 0 and counts["failed"] == 0
+    assert all(j.failures == 0 for j in jobs)
+    assert {a.outcome for a in attempts} <= {"released", "done"} and "released" in {
+        a.outcome for a in attempts
+    }
+    assert "--resume" in log.read_text()
+    for job in jobs:
+        assert processes_of_job(job.id) == []
 
 
 def test_driver_retries_on_another_node_when_one_node_crashes_servers(
