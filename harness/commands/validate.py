@@ -7,6 +7,7 @@ import json
 import shlex
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.commands.base import Command
@@ -60,10 +61,11 @@ def _spec_table(report: ValidationReport) -> Table:
     table.add_column("requested")
     table.add_column("effective")
     table.add_column("")
-    effective = report.effective or SpecParams()
+    shown = report.effective if report.status != "invalid" else None
+    effective = shown or SpecParams()
     for name, asked in report.requested.as_dict().items():
         got = getattr(effective, name)
-        if report.effective is None:
+        if shown is None:
             note = ""
         elif asked is None and got is not None:
             note = "[dim]default[/dim]"
@@ -71,7 +73,7 @@ def _spec_table(report: ValidationReport) -> Table:
             note = "[yellow]changed by SGLang[/yellow]"
         else:
             note = ""
-        table.add_row(name, _cell(asked), _cell(got) if report.effective else "-", note)
+        table.add_row(name, _cell(asked), _cell(got) if shown else "-", note)
     return table
 
 
@@ -79,13 +81,16 @@ def print_human(report: ValidationReport, console: Console) -> None:
     """A short report: status, requested vs effective side by side, findings, corrected command."""
     style = STATUS_STYLE[report.status]
     console.print(f"[{style}]{report.status.upper()}[/{style}]  (checked by {', '.join(report.checked_by)})")
-    console.print(_spec_table(report))
+    if report.effective is not None or any(v is not None for v in report.requested.as_dict().values()):
+        console.print(_spec_table(report))
     for finding in report.errors:
-        console.print(f"[red]error[/red] [{finding.code}] {finding.message}", soft_wrap=True)
+        console.print(f"[red]error[/red] {escape(f'[{finding.code}] {finding.message}')}", soft_wrap=True)
         if finding.suggestion:
-            console.print(f"  fix: {finding.suggestion}", soft_wrap=True)
+            console.print(f"  fix: {escape(finding.suggestion)}", soft_wrap=True)
     for finding in report.warnings:
-        console.print(f"[yellow]warning[/yellow] [{finding.code}] {finding.message}", soft_wrap=True)
+        console.print(
+            f"[yellow]warning[/yellow] {escape(f'[{finding.code}] {finding.message}')}", soft_wrap=True
+        )
     if report.corrected_argv:
         console.print("command that runs what was asked:")
         console.print("  " + shlex.join(LAUNCH_PREFIX + report.corrected_argv), soft_wrap=True, markup=False)
