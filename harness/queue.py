@@ -322,9 +322,6 @@ class JobQueue:
         """Failed attempts of ``job_id`` so far."""
         return self._conn.execute("SELECT failures FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
 
-    def payload(self, job_id: str) -> str:
-        return self._conn.execute("SELECT payload FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-
     def ids_in(self, state: str) -> list[str]:
         rows = self._conn.execute("SELECT id FROM jobs WHERE state = ? ORDER BY position", (state,))
         return [r[0] for r in rows]

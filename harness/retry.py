@@ -9,19 +9,6 @@ to ``retries`` more attempts, on another slot when there is one. Unknown classes
 from __future__ import annotations
 
 DETERMINISTIC_CLASSES = frozenset({"bad_args", "resolve_error", "config_mismatch", "cuda_oom", "bad_drafter"})
-TRANSIENT_CLASSES = frozenset(
-    {
-        "crash",
-        "startup_timeout",
-        "node_lost",
-        "health_lost",
-        "nccl_error",
-        "gpus_busy",
-        "attempt_timeout",
-        "worker_error",
-        "stop_failed",
-    }
-)
 
 
 def allowed_failures(error_class: str, retries: int) -> int:
