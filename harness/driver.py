@@ -140,7 +140,14 @@ def _connect(address: str, spec: SweepSpec) -> bool:
             _node_ip_address="127.0.0.1",
         )
     else:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        except ConnectionError as err:
+            raise ClusterError(
+                f"cannot connect to a Ray cluster at {address!r}: {err}",
+                fix="start one (`ray start --head`, `ray up cluster.yaml`), pass its address with "
+                "--ray-address, or use --ray-address local for an embedded one",
+            ) from None
     return True
 
 
@@ -503,22 +510,26 @@ def run_sweep(
     """Run (or resume) a planned sweep into ``out``; see the module docstring."""
     if not plan.jobs:
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
-    with _file_lock(out):
-        claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
-        started_ray = _connect(ray_address, spec)
-        queue = JobQueue(out)
-        lock = None
-        try:
-            lock = _acquire_driver_lock(plan.sweep_id, out)
-            created = _prepare_queue(queue, plan, out, progress)
-            write_sweep_row(out, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created)
-            queue.event("driver_start", f"{socket.gethostname()} ray {ray.__version__}")
-            summary = Driver(spec, plan, out, queue, progress).run()
-            queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
-            return summary
-        finally:
-            if lock is not None:
-                ray.kill(lock)
-            queue.close()
-            if started_ray:
-                ray.shutdown()
+    started_ray = _connect(ray_address, spec)
+    try:
+        with _file_lock(out):
+            claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
+            queue = JobQueue(out)
+            lock = None
+            try:
+                lock = _acquire_driver_lock(plan.sweep_id, out)
+                created = _prepare_queue(queue, plan, out, progress)
+                write_sweep_row(
+                    out, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created
+                )
+                queue.event("driver_start", f"{socket.gethostname()} ray {ray.__version__}")
+                summary = Driver(spec, plan, out, queue, progress).run()
+                queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
+                return summary
+            finally:
+                if lock is not None:
+                    ray.kill(lock)
+                queue.close()
+    finally:
+        if started_ray:
+            ray.shutdown()
