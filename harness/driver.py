@@ -216,6 +216,8 @@ class Driver:
     def run(self) -> SweepSummary:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if self.queue.counts()["pending"] == 0:  # a resume of a finished sweep
+                return SweepSummary(self.queue.counts(), interrupted=False)
             self._create_slots()
             return self._loop()
         finally:
