@@ -14,6 +14,8 @@ The simulator must never be this bench's bottleneck. The paced profile's step ti
 batch, so "the server" is ``SIM_PROCESSES`` simulated servers sharing one port (SO_REUSEPORT, each its own
 scheduler): every stream still gets exactly the paced schedule and every chunk its send stamp. (The sweep
 models one scheduler; this is for the paced bench only.) SGLang's client runs when ``.venv-sglang`` exists.
+Besides the automatic process count, ours also runs on one process, and on every core the simulator
+leaves (when that is more than automatic, which keeps half the cores for the server).
 
 Goals at 1024 streams: client-added delay p99 <= 2 ms, TPOT within 2% of truth, req/s >= 90% of ideal
 and >= 2x SGLang's client.
@@ -303,6 +305,14 @@ def main() -> int:
                 ours_req_s, ours_cpu = report_ours(
                     streams, result, {**meter.used(), **context}, f"loadgen.c{streams}.ours"
                 )
+            free_cores = (os.cpu_count() or 1) - SIM_PROCESSES
+            if free_cores > result.processes:  # the client on every core the simulator leaves
+                with paced_servers(profile) as servers:
+                    meter = CpuMeter(servers.pids)
+                    wide = run_ours(servers.url, streams, processes=free_cores)
+                    report_ours(
+                        streams, wide, {**meter.used(), **context}, f"loadgen.c{streams}.ours_free_cores"
+                    )
             if result.processes > 1:  # the automatic choice, against one process
                 with paced_servers(profile) as servers:
                     meter = CpuMeter(servers.pids)
