@@ -34,18 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workers.sglang import api
+from workers.sglang import api, failures
 
 log = logging.getLogger(__name__)
 
 Engine = Literal["sglang", "sim"]
 ENGINE_MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "sim": "workers.sim_server"}
 
-# Failure classes read from a server log, checked in order; the first whose patterns match wins.
-# SGLang's own messages (and the simulator's copies of them).
+# Failure classes read from a server log, checked in order; the first whose patterns match wins:
+# SGLang's runtime failures (workers.sglang.failures), then the two argument stages: argparse's usage
+# errors (exit 2) and a traceback through SGLang's argument resolution.
 LOG_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("cuda_oom", ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")),
-    ("nccl_error", ("NCCL error", "ncclInternalError", "ncclSystemError", "ncclUnhandledCudaError")),
+    *failures.LOG_CLASSES,
     ("bad_args", ("error: unrecognized arguments", "error: ambiguous option", "error: argument ")),
     ("resolve_error", ("server_args.py", "arg_groups/", "resolve_once")),
 )
