@@ -9,8 +9,14 @@ the ratio. A config whose objective interval overlaps the winner's is marked a t
 
 Resampling, exactly and cheaply:
 
-- ``Rate`` objectives (sums over requests / duration): a resample is a multinomial draw of counts
-  over the run's per-request values. Values are grouped into at most ``RATE_BINS`` bins by value,
+- ``Rate`` objectives at a closed-loop level (N requests kept in flight): by Little's law the rate is
+  N x sum(value) / sum(latency), so the run's uncertainty lies in the request latencies, not only in
+  the per-request values (which may all be equal, as with fixed output lengths). A replicate is the
+  point value times the resampled ratio sum(value*) / sum(e2e*) over the full-sample ratio; requests
+  are grouped into ``RATE_BINS`` x ``RATE_BINS`` cells by latency and by value (equal widths), each
+  represented by its mean value and mean latency, so both spreads and their correlation are kept.
+- ``Rate`` objectives at an open-loop level (arrivals at a set rate): a resample is a multinomial draw
+  of counts over the run's per-request values. Values are grouped into at most ``RATE_BINS`` bins by value,
   each represented by its mean, which keeps every replicate's expectation exact and loses only the
   within-bin spread (a few tokens out of hundreds).
 - ``Quantile`` objectives: the k-th order statistic of a resample of n values is the empirical
@@ -389,6 +395,7 @@ class _Resampler:
         self._replicates = replicates
         self._rng = np.random.default_rng(seed)
         self._samples: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] | None = None
+        self._bins: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     def replicates_of(self, level: str, runs: list[_Run]) -> np.ndarray:
         """Replicates of the config's objective: per replicate, the median over its repeats."""
@@ -402,9 +409,44 @@ class _Resampler:
         values, counts = sample
         aggregate = self._metric.aggregate
         if isinstance(aggregate, Rate):
+            bins = self._latency_bins().get((run.job_id, level))
+            point = run.values.get(self._metric.name)
+            if bins is not None and point is not None:
+                return point * ratio_replicates(self._rng, *bins, self._replicates)
             scale = run.duration_s * (run.gpus if aggregate.per_gpu else 1)
             return rate_replicates(self._rng, values, counts, self._replicates) / scale
         return quantile_replicates(self._rng, values, aggregate.q, self._replicates)  # type: ignore[union-attr]
+
+    def _latency_bins(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per closed-loop (job, level): per (latency, value) cell, request count, sum of values, sum of e2e."""
+        if self._bins is not None:
+            return self._bins
+        value = self._metric.aggregate.value  # type: ignore[union-attr]
+        table = self._con.sql(
+            f"""
+            WITH r AS (
+                SELECT job_id, load_level, coalesce(({value})::DOUBLE, 0) AS v, e2e_ms AS t
+                FROM requests WHERE NOT warmup AND concurrency IS NOT NULL AND e2e_ms IS NOT NULL),
+            span AS (
+                SELECT job_id, load_level, min(t) AS t_lo, max(t) AS t_hi, min(v) AS v_lo, max(v) AS v_hi
+                FROM r GROUP BY ALL),
+            binned AS (
+                SELECT job_id, load_level,
+                       least({RATE_BINS - 1}, floor((t - t_lo) / greatest(t_hi - t_lo, 1e-9) * {RATE_BINS}))::INT
+                       * {RATE_BINS}
+                       + least({RATE_BINS - 1}, floor((v - v_lo) / greatest(v_hi - v_lo, 1e-9) * {RATE_BINS}))::INT
+                       AS bin,
+                       count(*)::DOUBLE AS n, sum(v) AS v, sum(t) AS t
+                FROM r JOIN span USING (job_id, load_level) GROUP BY ALL)
+            SELECT job_id, load_level, list(n ORDER BY bin) AS n, list(v ORDER BY bin) AS v,
+                   list(t ORDER BY bin) AS t
+            FROM binned GROUP BY job_id, load_level
+            """
+        ).fetchall()
+        self._bins = {
+            (job_id, level): (np.asarray(n), np.asarray(v), np.asarray(t)) for job_id, level, n, v, t in table
+        }
+        return self._bins
 
     def _load(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
         """Per (job, level): distinct per-request values ascending and how many requests had each.
@@ -442,6 +484,26 @@ class _Resampler:
             for i, key in enumerate(keys)
         }
         return self._samples
+
+
+def ratio_replicates(
+    rng: np.random.Generator,
+    counts: np.ndarray,
+    value_sums: np.ndarray,
+    latency_sums: np.ndarray,
+    replicates: int,
+) -> np.ndarray:
+    """Bootstrap replicates of sum(value) / sum(latency), relative to the full sample's ratio (1 = same).
+
+    ``counts[i]`` requests fell in cell i, with these sums of values and of latencies; a resample is a
+    multinomial draw of cell counts, each cell represented by its means.
+    """
+    used = counts > 0
+    counts, value_sums, latency_sums = counts[used], value_sums[used], latency_sums[used]
+    n = int(counts.sum())
+    draws = rng.multinomial(n, counts / n, size=replicates)
+    ratios = (draws @ (value_sums / counts)) / (draws @ (latency_sums / counts))
+    return ratios / (value_sums.sum() / latency_sums.sum())
 
 
 def rate_replicates(

@@ -5,8 +5,9 @@ best and that its intervals cover the true speedup. The model, per config and co
 
 - true TPOT = ``base_tpot_ms * (1 + c / 64) * cost / accept_length`` where a speculative verify
   step costs ``step_cost * (1 + c / 32)`` plain decode steps (drafting gets dearer under load);
-- true output tokens/s = ``c * 1000 / true TPOT``: each level's ``duration_s`` is set so that the
-  expected measured throughput (sum of tokens of successful requests / duration) equals it exactly;
+- each level is a closed loop of ``c`` streams, so its ``duration_s`` is ``sum(e2e) / c`` (each
+  stream busy back to back) and, by Little's law, the true output tokens/s is
+  ``c * (1 - error_rate) * E[tokens] / E[e2e]`` with ``E[e2e] = true TTFT + true TPOT * (E[tokens] - 1)``;
 - per request: tokens ~ uniform integers, TPOT and TTFT lognormal around their truths, accept length
   lognormal around the config's, correct-drafts histogram multinomial from a chain whose positions
   accept with probability a^k.
@@ -92,8 +93,11 @@ class SyntheticSweep:
         return self.base_ttft_ms * (1 + concurrency / 16)
 
     def true_output_tok_s_per_gpu(self, cfg: SyntheticConfig, concurrency: int) -> float:
-        """Expected measured output tokens/s per GPU."""
-        return concurrency * 1000.0 / self.true_tpot_ms(cfg, concurrency) / cfg.gpus
+        """Expected measured output tokens/s per GPU (Little's law over the closed loop)."""
+        mean_tokens = sum(self.output_tokens) / 2
+        mean_e2e_ms = self.true_ttft_ms(concurrency) + self.true_tpot_ms(cfg, concurrency) * (mean_tokens - 1)
+        ok_tokens = (1 - cfg.error_rate) * mean_tokens
+        return concurrency * 1000.0 * ok_tokens / mean_e2e_ms / cfg.gpus
 
     def true_tpot_quantile_ms(self, cfg: SyntheticConfig, concurrency: int, q: float) -> float:
         """The q-quantile of per-request TPOT under the model."""
@@ -193,9 +197,7 @@ def _level_requests(
     tpot = tpot_mean * rng.lognormal(-(TPOT_SIGMA**2) / 2, TPOT_SIGMA, n)
     ttft = sweep.true_ttft_ms(concurrency) * rng.lognormal(-(TTFT_SIGMA**2) / 2, TTFT_SIGMA, n)
     e2e = ttft + tpot * (tokens - 1)
-    mean_tokens = (lo + hi) / 2
-    true_tok_s = concurrency * 1000.0 / tpot_mean
-    duration_s = n_measured * (1 - cfg.error_rate) * mean_tokens / true_tok_s
+    duration_s = float(e2e[n_warm:].sum()) / 1000.0 / concurrency  # closed loop: streams busy back to back
     start = t0_ns + np.sort(rng.integers(0, int(duration_s * 1e9), n)).astype(np.int64)
     end = start + (e2e * 1e6).astype(np.int64)
     speculative = cfg.algorithm is not None

@@ -28,6 +28,7 @@ COMMAND_MODULES: dict[str, str] = {
     "sql": "sql",
     "best": "best",
     "report": "report",
+    "demo": "demo",
 }
 
 log = logging.getLogger("specsweep")

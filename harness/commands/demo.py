@@ -1,0 +1,99 @@
+"""``specsweep demo``: a whole sweep on simulated 8-GPU nodes, then the best config per level."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from harness.commands.base import Command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/demo"), help="results directory (default: results/demo)"
+    )
+    parser.add_argument("--nodes", type=int, default=2, help="simulated 8-GPU nodes (default: 2)")
+
+
+def _print_winners(out: Path) -> None:
+    from analysis.select import select_best
+    from analysis.views import connect
+
+    con = connect(out)
+    try:
+        selection = select_best(con, out)
+    finally:
+        con.close()
+    print(f"\nbest config per load level (ranked by {selection.objective}, {selection.objective_unit}):")
+    for level in selection.levels:
+        winner = level.winner
+        if winner is None:
+            print(f"  {level.load_level}: no config meets the SLOs")
+            continue
+        speedup = f"{winner.speedup:.2f}x" if winner.speedup is not None else "n/a"
+        ci = (
+            f" (95% CI {winner.speedup_ci.low:.2f}-{winner.speedup_ci.high:.2f})" if winner.speedup_ci else ""
+        )
+        print(f"  {level.load_level}: {winner.config_label}, {speedup} vs no speculation{ci}")
+        print(f"      {winner.launch_command}")
+
+
+def _write_report(out: Path) -> Path:
+    from analysis.report import render_report, write_report
+    from analysis.select import select_best
+    from analysis.views import connect
+
+    con = connect(out)
+    try:
+        page = render_report(con, select_best(con, out))
+    finally:
+        con.close()
+    return write_report(page, out / "report.html")
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.commands.plan import validated_plan
+    from harness.demo import demo_spec, prepare_output, simulated_cluster, write_demo_inputs
+    from harness.driver import run_sweep
+    from harness.progress import progress_for
+    from workers.sglang import default_sglang_python
+
+    started = time.monotonic()
+    out: Path = args.out
+    prepare_output(out)
+    inputs = write_demo_inputs(out)
+    spec, text = demo_spec(out, inputs)
+    validation = argparse.Namespace(
+        sglang_python=None,
+        builtin_only=default_sglang_python() is None,
+        target_config=None,
+        draft_config=None,
+    )
+    print(
+        f"planning {out}: validating every grid point ({'built-in rules' if validation.builtin_only else 'SGLang 0.5.23'})"
+    )
+    plan = validated_plan(spec, validation)
+    print(f"{len(plan.jobs)} jobs on {args.nodes} simulated 8-GPU nodes")
+    with simulated_cluster(args.nodes, spec.gpus_per_server, cpus_per_node=2) as address:
+        progress = progress_for(sys.stdout)
+        try:
+            summary = run_sweep(spec, text, plan, out, ray_address=address, resume=False, progress=progress)
+        finally:
+            progress.close()
+    if summary.interrupted:
+        return 130
+    _print_winners(out)
+    report = _write_report(out)
+    print(f"\nreport: {report}")
+    print(f"done in {time.monotonic() - started:.0f} s; query the results with `specsweep sql {out}`")
+    return 1 if summary.counts["failed"] else 0
+
+
+COMMAND = Command(
+    name="demo",
+    help="run a small sweep on the simulated SGLang server (no GPU) and print the best config",
+    add_arguments=add_arguments,
+    run=run,
+)
