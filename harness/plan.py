@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness.spec import SweepSpec
@@ -227,3 +228,36 @@ def unchecked_plan(spec: SweepSpec) -> Plan:
     """Every point as written, unvalidated: for forcing a launch SGLang itself must judge."""
     points = grid_points(spec)
     return build_plan(spec, points, [unchecked_outcome(p) for p in points])
+
+
+def _local_dir(path: str) -> str | None:
+    return path if (Path(path) / "config.json").is_file() else None
+
+
+def plan_with_local_configs(
+    spec: SweepSpec,
+    *,
+    sglang_python: str | None = None,
+    use_resolver: bool = True,
+    target_config_dir: str | None = None,
+    draft_config_dir: str | None = None,
+) -> Plan:
+    """Plan the sweep, validating with the configs this machine can read: the target's when its path is
+    local, and the drafter's after converting it here (into the same node cache the workers use) when its
+    checkpoint is local. The spec's ``sglang_python`` validates when it exists on this machine."""
+    target = target_config_dir or _local_dir(spec.model_path)
+    draft = draft_config_dir
+    if draft is None and spec.drafter is not None and _local_dir(spec.drafter.path):
+        from workers.node_actor import converted_drafter
+
+        draft = str(converted_drafter(spec.drafter, spec.model_path))
+    python = sglang_python
+    if python is None and spec.sglang_python and Path(spec.sglang_python).exists():
+        python = spec.sglang_python
+    return plan_sweep(
+        spec,
+        sglang_python=python,
+        use_resolver=use_resolver,
+        target_config_dir=target,
+        draft_config_dir=draft,
+    )

@@ -86,21 +86,21 @@ def write_sweep_row(
         client_delay_p99_us=None,
         created_unix_ns=created_ns,
     )
-    write_parquet_atomic(sweep_table([record]), layout.sweep_file(out, sweep_id))
+    write_parquet_atomic(sweep_table([record]), layout.sweep_part_path(out, sweep_id))
 
 
 def is_committed(out: Path, sweep_id: str, job_id: str) -> bool:
     """A job is committed iff its jobs row is in place."""
-    return layout.committed_file(out, "jobs", sweep_id, job_id).exists()
+    return layout.job_part_path(out, "jobs", sweep_id, job_id).exists()
 
 
 def commit_attempt(out: Path, sweep_id: str, result: AttemptResult, tables: tuple[str, ...]) -> None:
     """Move an attempt's ``tables`` into place, in ``layout.COMMIT_ORDER`` (the jobs row last)."""
     for table in (t for t in layout.COMMIT_ORDER if t in tables):
-        source = layout.attempt_file(out, result.job_id, result.attempt, table)
+        source = layout.attempt_path(out, result.job_id, result.attempt, table)
         if not source.exists():  # the worker ran on a host whose disk this one does not share
             write_atomic(source, result.files[table])
-        target = layout.committed_file(out, table, sweep_id, result.job_id)
+        target = layout.job_part_path(out, table, sweep_id, result.job_id)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(source, target)
 
@@ -114,4 +114,4 @@ def commit_lost_attempt(out: Path, job: JobSpec, attempt: int, error_class: str,
         error_message=message,
         facts=AttemptFacts(finished_unix_ns=time.time_ns()),
     )
-    write_parquet_atomic(jobs_table([record]), layout.committed_file(out, "jobs", job.sweep_id, job.job_id))
+    write_parquet_atomic(jobs_table([record]), layout.job_part_path(out, "jobs", job.sweep_id, job.job_id))

@@ -78,6 +78,14 @@ class ServerConfig:
         ]
 
 
+def sglang_command(argv: tuple[str, ...] | list[str], sglang_python: str | None) -> tuple[str, ...]:
+    """The SGLang launch a process argv stands for: the simulator takes SGLang's exact arguments, so a
+    simulated server's command becomes ``<sglang_python> -m sglang.launch_server <same args>``."""
+    if len(argv) >= 3 and tuple(argv[1:3]) == ("-m", ENGINE_MODULES["sim"]):
+        return (sglang_python or "python3", "-m", ENGINE_MODULES["sglang"], *argv[3:])
+    return tuple(argv)
+
+
 class ServerFailure(Exception):
     """The server did not come up, or went away: ``error_class`` says how, ``log_tail`` shows why."""
 

@@ -17,17 +17,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analysis.layout import JOB_TABLES, attempt_path, job_part_path, sweep_part_path
+
 SPEC_COPY = "sweep.yaml"
 # The order the driver moves an attempt's tables into place: the jobs row last, it marks the commit.
-COMMIT_ORDER: tuple[str, ...] = ("requests", "levels", "jobs")
-
-
-def attempt_dir(out: Path, job_id: str, attempt: int) -> Path:
-    return out / "_attempts" / job_id / f"attempt-{attempt}"
-
-
-def attempt_file(out: Path, job_id: str, attempt: int, table: str) -> Path:
-    return attempt_dir(out, job_id, attempt) / f"{table}.parquet"
+COMMIT_ORDER: tuple[str, ...] = JOB_TABLES
+__all__ = [
+    "COMMIT_ORDER",
+    "SPEC_COPY",
+    "attempt_path",
+    "job_part_path",
+    "log_dir",
+    "server_log",
+    "sweep_part_path",
+]
 
 
 def log_dir(out: Path, job_id: str, attempt: int) -> Path:
@@ -36,11 +39,3 @@ def log_dir(out: Path, job_id: str, attempt: int) -> Path:
 
 def server_log(out: Path, job_id: str, attempt: int) -> Path:
     return log_dir(out, job_id, attempt) / "server.log"
-
-
-def committed_file(out: Path, table: str, sweep_id: str, job_id: str) -> Path:
-    return out / table / f"sweep={sweep_id}" / f"job={job_id}" / "part-0.parquet"
-
-
-def sweep_file(out: Path, sweep_id: str) -> Path:
-    return out / "sweep" / f"sweep={sweep_id}" / "part-0.parquet"

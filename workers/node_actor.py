@@ -347,7 +347,7 @@ class NodeWorker:
             tables = {"requests": requests_table(requests), "levels": levels_table(levels), **tables}
         files = {}
         for name, table in tables.items():
-            path = layout.attempt_file(self.out, state.job.job_id, state.attempt, name)
+            path = layout.attempt_path(self.out, state.job.job_id, state.attempt, name)
             write_parquet_atomic(table, path)
             files[name] = path.read_bytes()
         return AttemptResult(

@@ -13,6 +13,7 @@ from typing import Any
 
 from analysis.schema import JobRecord
 from workers.job import JobSpec
+from workers.launcher import sglang_command
 from workers.sglang import SpecParams
 
 
@@ -62,8 +63,8 @@ def job_record(
         effective_speculative_num_draft_tokens=live.speculative_num_draft_tokens,
         effective_max_running_requests=live.max_running_requests,
         requested_points=job.requested_points,
-        sglang_argv=facts.argv,
-        launch_command=shlex.join(facts.argv) if facts.argv else None,
+        sglang_argv=sglang_command(facts.argv, job.sglang_python) if facts.argv else None,
+        launch_command=shlex.join(sglang_command(facts.argv, job.sglang_python)) if facts.argv else None,
         server_info_json=json.dumps(facts.server_info, sort_keys=True)
         if facts.server_info is not None
         else None,

@@ -54,9 +54,9 @@ def _write_report(out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.commands.plan import validated_plan
     from harness.demo import demo_spec, prepare_output, simulated_cluster, write_demo_inputs
     from harness.driver import run_sweep
+    from harness.plan import plan_with_local_configs
     from harness.progress import progress_for
     from workers.sglang import default_sglang_python
 
@@ -65,16 +65,11 @@ def run(args: argparse.Namespace) -> int:
     prepare_output(out)
     inputs = write_demo_inputs(out)
     spec, text = demo_spec(out, inputs)
-    validation = argparse.Namespace(
-        sglang_python=None,
-        builtin_only=default_sglang_python() is None,
-        target_config=None,
-        draft_config=None,
-    )
+    use_resolver = default_sglang_python() is not None
     print(
-        f"planning {out}: validating every grid point ({'built-in rules' if validation.builtin_only else 'SGLang 0.5.23'})"
+        f"planning {out}: validating every grid point ({'SGLang 0.5.23' if use_resolver else 'built-in rules'})"
     )
-    plan = validated_plan(spec, validation)
+    plan = plan_with_local_configs(spec, use_resolver=use_resolver)
     print(f"{len(plan.jobs)} jobs on {args.nodes} simulated 8-GPU nodes")
     with simulated_cluster(args.nodes, spec.gpus_per_server, cpus_per_node=2) as address:
         progress = progress_for(sys.stdout)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from harness.commands.base import Command
-from harness.plan import Plan, plan_sweep
+from harness.plan import Plan, plan_with_local_configs
 from harness.spec import SweepSpec, load_spec
 from specsweep.errors import SpecError
 
@@ -38,28 +37,14 @@ def add_validation_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _local_dir(path: str) -> str | None:
-    return path if (Path(path) / "config.json").is_file() else None
-
-
 def validated_plan(spec: SweepSpec, args: argparse.Namespace) -> Plan:
-    """Plan the sweep, validating with configs this machine can read: the drafter is converted here
-    (into the same node cache the workers use) when its checkpoint is local."""
-    target = args.target_config or _local_dir(spec.model_path)
-    draft = args.draft_config
-    if draft is None and spec.drafter is not None and _local_dir(spec.drafter.path):
-        from workers.node_actor import converted_drafter
-
-        draft = str(converted_drafter(spec.drafter, spec.model_path))
-    python = args.sglang_python
-    if python is None and spec.sglang_python and Path(spec.sglang_python).exists():
-        python = spec.sglang_python
-    return plan_sweep(
+    """``plan_with_local_configs`` with the validation flags of ``plan`` / ``run``."""
+    return plan_with_local_configs(
         spec,
-        sglang_python=python,
+        sglang_python=args.sglang_python,
         use_resolver=not args.builtin_only,
-        target_config_dir=target,
-        draft_config_dir=draft,
+        target_config_dir=args.target_config,
+        draft_config_dir=args.draft_config,
     )
 
 

@@ -170,3 +170,15 @@ def test_pid_file_kills_group_left_behind_when_next_worker_starts(target: str, t
         assert pid_file.kill_leftover() == []  # nothing left the second time
     finally:
         server.stop(grace_s=2)
+
+
+def test_sglang_command_names_sglang_when_engine_is_sim() -> None:
+    """A simulated server's argv is reported as the SGLang launch it stands for (same arguments)."""
+    from workers.launcher import sglang_command
+
+    sim = ("/venv/bin/python", "-m", "workers.sim_server", "--tp-size", "8", "--port", "30000")
+    assert sglang_command(sim, "/opt/sglang/bin/python") == (
+        "/opt/sglang/bin/python", "-m", "sglang.launch_server", "--tp-size", "8", "--port", "30000",
+    )  # fmt: skip
+    real = ("/opt/sglang/bin/python", "-m", "sglang.launch_server", "--tp-size", "8")
+    assert sglang_command(real, None) == real
