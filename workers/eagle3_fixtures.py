@@ -18,22 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from workers.eagle3_format import SourceFormat
+from workers.eagle3_format import LAYER_PARTS, SourceFormat
 from workers.safetensors_stream import DTYPE_SIZES, OutputTensor, encode_header, write_all
 
 _CHUNK_ELEMENTS = 4 << 20
-_LAYER_PARTS = (
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-    "input_layernorm.weight",
-    "hidden_norm.weight",
-    "post_attention_layernorm.weight",
-)
 _NUMPY = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "BOOL": np.bool_}
 
 
@@ -113,7 +101,7 @@ def build_checkpoint(
     shapes = _shapes(dims)
     tensors: dict[str, FixtureTensor] = {}
     for index, (name, shape) in enumerate(shapes.items()):
-        key = prefix + name if name in _LAYER_PARTS else name
+        key = prefix + name if name in LAYER_PARTS else name
         kind = "norm" if name.endswith("norm.weight") else "weight"
         if fast_values and dtype == "BF16":
             kind = "bits"
