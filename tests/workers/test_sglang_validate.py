@@ -155,7 +155,7 @@ DRAFTS = [None, DRAFT, str(FIXTURES / "eagle3-draft-llama-arch")]
 ALGORITHMS = [None, "EAGLE3", "EAGLE", "NEXTN", "eagle3", "MEDUSA"]
 SMALL_INTS = st.one_of(st.none(), st.integers(min_value=0, max_value=12))
 EXTRAS = [
-    [], ["--page-size", "16"], ["--attention-backend", "trtllm_mha"], ["--attention-backend", "flashinfer"],
+    [], ["--page-size", "16"], ["--attention-backend", "fa3"], ["--attention-backend", "flashinfer"],
     ["--max-running-requests", "128"], ["--speculative-use-rejection-sampling"], ["--cuda-graph-max-bs", "8"],
     ["--num-speculative-tokens", "4"], ["--speculative-algo", "EAGLE3"], ["--tp", "8"],
 ]  # fmt: skip
@@ -186,7 +186,14 @@ def resolver(sglang_python: str):
 AGREEMENT: dict[str, int] = {"examples": 0, "sglang_invalid": 0}
 
 
-@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Hardware-dependent backends (trtllm_mha needs SM90+) are left out: SGLang checks them against the GPU it
+# runs on, which a CPU-only validator does not have (see docs/validation.md). derandomize: CI reproducible.
+@settings(
+    max_examples=220,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(argv=launch_commands())
 def test_builtin_never_says_ok_when_sglang_says_invalid(resolver: SGLangResolver, argv: list[str]) -> None:
     """Property: on generated launches, whenever SGLang's resolver refuses one, the built-in layer does too;
