@@ -166,6 +166,14 @@ class CheckpointSource:
         begin = tensor.offset + start
         yield from iter_mapped(self._fds[tensor.file], begin, begin + length)
 
+    def file_position(self, tensor: SourceTensor) -> tuple[int, int] | None:
+        """(open descriptor, byte offset in its file) of a safetensors tensor; None for a pickled one.
+
+        Lets a copier have the kernel move the bytes file to file (copy_file_range), as ``cp`` does.
+        """
+        fd = self._fds.get(tensor.file)
+        return None if fd is None or tensor.name in self._pickled else (fd, tensor.offset)
+
     def _pickled_bytes(self, tensor: SourceTensor) -> memoryview:
         return memoryview(self._pickled[tensor.name].reshape(-1).view(_torch_uint8()).numpy())
 

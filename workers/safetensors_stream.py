@@ -8,6 +8,7 @@ reads go through small memory-mapped windows, so memory stays flat however large
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap
@@ -44,6 +45,8 @@ METADATA_KEY = "__metadata__"
 # Small enough to stay in L2 while it is hashed, scanned, written and read back: with 1 MiB chunks
 # the write from a memory map measured 2-4x slower on the dev VM.
 CHUNK_BYTES = 256 << 10
+# copy_file_range errors that mean "not between these files", not "the disk failed"
+_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
 MAP_WINDOW_BYTES = 16 << 20  # bytes mapped at once by iter_mapped (bounds the RSS it adds)
 
 
@@ -218,6 +221,31 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written
+
+
+def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nbytes: int) -> bool:
+    """Copy ``nbytes`` file to file inside the kernel (``cp``'s way: no pass through user memory).
+
+    Returns False, having copied nothing, where the kernel cannot do it for these two files (other
+    filesystems, old kernels); the caller then writes the bytes itself. A short source is an error.
+    """
+    copied = 0
+    while copied < nbytes:
+        try:
+            got = os.copy_file_range(
+                src_fd, dst_fd, nbytes - copied, src_offset + copied, dst_offset + copied
+            )
+        except OSError as err:
+            if copied == 0 and err.errno in _NO_KERNEL_COPY:
+                return False
+            raise
+        if got <= 0:
+            raise ConversionError(
+                f"file ended at byte {src_offset + copied} while copying up to {src_offset + nbytes}",
+                fix="the file changed or shrank during conversion: re-run once it is stable",
+            )
+        copied += got
+    return True
 
 
 def pread_exact(fd: int, buffer: bytearray, nbytes: int, offset: int) -> memoryview:

@@ -1,22 +1,28 @@
-"""Copy tensors into output files in parallel pieces, hashing and value-scanning both sides.
+"""Copy tensors into output files, hashing and value-scanning the source and reading every copy back.
 
-Every tensor is cut into pieces of PIECE_BYTES, and a worker thread takes one piece at a time.
-It walks the piece in chunks of CHUNK_BYTES (small enough to stay in L2): it hashes and value-scans
-a chunk straight from the memory-mapped source, ``pwrite``s it to its output offset, reads the
-written bytes back from the output file into its own buffer and hashes those. So each byte crosses
-memory about as often as under ``cp`` (read once, written once; the read-back hits cache), and
-the check costs little beyond the copy. Pieces are independent (every output offset is known in
-advance), so a few threads keep the cores busy; no piece is ever held in memory.
+Tensors are cut into pieces of PIECE_BYTES. Two threads share the work, so neither waits on the
+other's kind of step:
 
-A tensor's digest is XXH3-128 over its pieces' XXH3-128 digests in order: cheap to compute in
-parallel, and equal for source and output exactly when every piece's bytes are.
+- the writer moves each piece into its output file, in order. Where both ends are files it asks
+  the kernel to copy the whole piece (``copy_file_range``, what ``cp`` does): one call that runs
+  without the GIL and never passes the bytes through user memory. Otherwise (pickled sources,
+  filesystems that refuse) it ``pwrite``s the source chunks.
+- the checker walks each piece in chunks of CHUNK_BYTES (small enough to stay in L2): it hashes
+  and value-scans a chunk straight from the memory-mapped source; once the writer has finished the
+  piece, it reads the written bytes back from the output file into its own buffer and hashes those.
+
+The checker's many small steps need the GIL; the writer needs it only between pieces, so the two
+do not trade it back and forth (two threads of small steps spent more time handing over the GIL,
+and contending for the output file's lock, than copying). No piece is ever held in memory.
+
+A tensor's digest is XXH3-128 over its pieces' XXH3-128 digests in order: equal for source and
+output exactly when every piece's bytes are.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +30,10 @@ from pathlib import Path
 import xxhash
 
 from workers.checkpoint_source import CheckpointSource, SourceTensor
-from workers.safetensors_stream import CHUNK_BYTES, pread_exact, pwrite_all
+from workers.safetensors_stream import CHUNK_BYTES, copy_range, pread_exact, pwrite_all
 from workers.tensor_values import ValueScanner, ValueSummary, merge_summaries
 
 PIECE_BYTES = 64 << 20  # a multiple of 8, so pieces split tensors on element boundaries
-MAX_WORKERS = 4
-_thread_state = threading.local()  # each worker's read-back buffer
 
 
 @dataclass(frozen=True)
@@ -65,19 +69,30 @@ class _PieceOutcome:
     values: ValueSummary | None
 
 
-def copy_and_hash(
-    source: CheckpointSource, tasks: list[TensorTask], workers: int | None = None
-) -> dict[str, TensorOutcome]:
-    """Run every task's pieces on a thread pool; outcomes by source tensor name.
+def copy_and_hash(source: CheckpointSource, tasks: list[TensorTask]) -> dict[str, TensorOutcome]:
+    """Copy, hash, scan and read back every task's pieces; outcomes by source tensor name.
 
     Output files must already exist (the caller writes their headers); pieces land at their offsets.
     """
-    workers = workers or min(MAX_WORKERS, os.cpu_count() or 1)
     pieces = [piece for task in tasks for piece in _pieces(task)]
     with ExitStack() as stack:
         fds = _open_outputs(stack, {task.out_path for task in tasks if task.out_path is not None})
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tensor-copy") as pool:
-            outcomes = list(pool.map(lambda piece: _run_piece(source, fds, piece), pieces))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensor-write") as writer:
+            written = [
+                writer.submit(_write_piece, source, fds[piece.task.out_path][0], piece)
+                if piece.task.out_path is not None
+                else None
+                for piece in pieces
+            ]
+            try:
+                outcomes = [
+                    _check_piece(source, fds, piece, done)
+                    for piece, done in zip(pieces, written, strict=True)
+                ]
+            finally:
+                for done in written:
+                    if done is not None:
+                        done.cancel()
     by_tensor: dict[str, list[_PieceOutcome]] = {}
     for piece, outcome in zip(pieces, outcomes, strict=True):
         by_tensor.setdefault(piece.task.tensor.name, []).append(outcome)
@@ -102,34 +117,44 @@ def _open_outputs(stack: ExitStack, paths: set[Path]) -> dict[Path, tuple[int, i
     return fds
 
 
-def _run_piece(source: CheckpointSource, fds: dict[Path, tuple[int, int]], piece: _Piece) -> _PieceOutcome:
+def _write_piece(source: CheckpointSource, write_fd: int, piece: _Piece) -> None:
+    """Writer thread: the piece's source bytes to its output offset, by the kernel where it can."""
+    position = piece.task.out_offset + piece.start
+    in_file = source.file_position(piece.task.tensor)
+    if in_file is not None and copy_range(
+        in_file[0], in_file[1] + piece.start, write_fd, position, piece.length
+    ):
+        return
+    for chunk in source.chunks(piece.task.tensor, piece.start, piece.length):
+        pwrite_all(write_fd, chunk, position)
+        position += len(chunk)
+
+
+def _check_piece(
+    source: CheckpointSource, fds: dict[Path, tuple[int, int]], piece: _Piece, written: Future[None] | None
+) -> _PieceOutcome:
+    """Checker: hash and scan the source piece, then (once written) hash what the output file holds."""
     task = piece.task
     source_hash = xxhash.xxh3_128()
     scanner = ValueScanner(task.scan_dtype) if task.scan_dtype else None
-    out_hash = xxhash.xxh3_128() if task.out_path is not None else None
-    write_fd, read_fd = fds[task.out_path] if task.out_path is not None else (-1, -1)
-    buffer = _read_back_buffer()
-    position = task.out_offset + piece.start
     for chunk in source.chunks(task.tensor, piece.start, piece.length):
         source_hash.update(chunk)
         if scanner is not None:
             scanner.add(chunk)
-        if out_hash is not None:
-            pwrite_all(write_fd, chunk, position)
-            out_hash.update(pread_exact(read_fd, buffer, len(chunk), position))
-        position += len(chunk)
-    return _PieceOutcome(
-        source_hash.digest(),
-        out_hash.digest() if out_hash is not None else None,
-        scanner.summary() if scanner else None,
-    )
+    out_digest = None
+    if written is not None and task.out_path is not None:
+        written.result()
+        out_digest = _read_back(fds[task.out_path][1], task.out_offset + piece.start, piece.length)
+    return _PieceOutcome(source_hash.digest(), out_digest, scanner.summary() if scanner else None)
 
 
-def _read_back_buffer() -> bytearray:
-    buffer = getattr(_thread_state, "buffer", None)
-    if buffer is None:
-        buffer = _thread_state.buffer = bytearray(CHUNK_BYTES)
-    return buffer
+def _read_back(read_fd: int, start: int, length: int) -> bytes:
+    """XXH3-128 of ``length`` bytes of the output at ``start``, read through a CHUNK_BYTES buffer."""
+    out_hash = xxhash.xxh3_128()
+    buffer = bytearray(CHUNK_BYTES)
+    for position in range(start, start + length, CHUNK_BYTES):
+        out_hash.update(pread_exact(read_fd, buffer, min(CHUNK_BYTES, start + length - position), position))
+    return out_hash.digest()
 
 
 def _combine(parts: list[_PieceOutcome]) -> TensorOutcome:
