@@ -246,18 +246,3 @@ def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nbyte
             )
         copied += got
     return True
-
-
-def pread_exact(fd: int, buffer: bytearray, nbytes: int, offset: int) -> memoryview:
-    """``nbytes`` at ``offset`` of ``fd``, read into ``buffer``; a short file is an error."""
-    view = memoryview(buffer)[:nbytes]
-    filled = 0
-    while filled < nbytes:
-        got = os.preadv(fd, [view[filled:]], offset + filled)
-        if got <= 0:
-            raise ConversionError(
-                f"file ended at byte {offset + filled} while reading up to {offset + nbytes}",
-                fix="the file changed or shrank during conversion: re-run once it is stable",
-            )
-        filled += got
-    return view

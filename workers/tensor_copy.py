@@ -9,7 +9,7 @@ other's kind of step:
   filesystems that refuse) it ``pwrite``s the source chunks.
 - the checker walks each piece in chunks of CHUNK_BYTES (small enough to stay in L2): it hashes
   and value-scans a chunk straight from the memory-mapped source; once the writer has finished the
-  piece, it reads the written bytes back from the output file into its own buffer and hashes those.
+  piece, it maps the written bytes back from the output file and hashes those.
 
 The checker's many small steps need the GIL; the writer needs it only between pieces, so the two
 do not trade it back and forth (two threads of small steps spent more time handing over the GIL,
@@ -30,7 +30,7 @@ from pathlib import Path
 import xxhash
 
 from workers.checkpoint_source import CheckpointSource, SourceTensor
-from workers.safetensors_stream import CHUNK_BYTES, copy_range, pread_exact, pwrite_all
+from workers.safetensors_stream import MAP_WINDOW_BYTES, copy_range, iter_mapped, pwrite_all
 from workers.tensor_values import ValueScanner, ValueSummary, merge_summaries
 
 PIECE_BYTES = 64 << 20  # a multiple of 8, so pieces split tensors on element boundaries
@@ -149,11 +149,13 @@ def _check_piece(
 
 
 def _read_back(read_fd: int, start: int, length: int) -> bytes:
-    """XXH3-128 of ``length`` bytes of the output at ``start``, read through a CHUNK_BYTES buffer."""
+    """XXH3-128 of ``length`` bytes of the output at ``start``, as the output file now holds them.
+
+    Mapped from the page cache (no copy into a buffer), a whole window per hash update.
+    """
     out_hash = xxhash.xxh3_128()
-    buffer = bytearray(CHUNK_BYTES)
-    for position in range(start, start + length, CHUNK_BYTES):
-        out_hash.update(pread_exact(read_fd, buffer, min(CHUNK_BYTES, start + length - position), position))
+    for window in iter_mapped(read_fd, start, start + length, chunk_bytes=MAP_WINDOW_BYTES):
+        out_hash.update(window)
     return out_hash.digest()
 
 

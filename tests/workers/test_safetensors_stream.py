@@ -15,9 +15,9 @@ from workers.eagle3_fixtures import bf16_bits
 from workers.safetensors_stream import (
     MAP_WINDOW_BYTES,
     OutputTensor,
+    copy_range,
     encode_header,
     iter_mapped,
-    pread_exact,
     pwrite_all,
     read_header,
 )
@@ -90,18 +90,33 @@ def test_iter_mapped_yields_exact_bytes_when_range_is_unaligned_and_spans_window
     assert all(len(chunk) == 1 << 20 for chunk in chunks[:-1])
 
 
-def test_pwrite_all_and_pread_exact_round_trip_when_writing_at_an_offset(tmp_path: Path) -> None:
-    """Bytes written at an offset read back identically; reading past the end is refused."""
+def test_copy_range_copies_pwritten_bytes_when_both_ends_are_files(tmp_path: Path) -> None:
+    """Bytes written at an offset are copied file to file at other offsets; a short source is refused."""
     data = os.urandom(300_000)
-    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT)
+    src = os.open(tmp_path / "src", os.O_RDWR | os.O_CREAT)
+    dst = os.open(tmp_path / "dst", os.O_RDWR | os.O_CREAT)
     try:
-        pwrite_all(fd, memoryview(data), 4096)
-        buffer = bytearray(len(data))
-        assert bytes(pread_exact(fd, buffer, len(data), 4096)) == data
+        pwrite_all(src, memoryview(data), 4096)
+        assert copy_range(src, 4096, dst, 100, len(data))
+        assert (tmp_path / "dst").read_bytes()[100:] == data
         with pytest.raises(ConversionError, match="file ended at byte"):
-            pread_exact(fd, buffer, len(data), 8192)
+            copy_range(src, 8192, dst, 0, len(data))
+    finally:
+        os.close(src)
+        os.close(dst)
+
+
+def test_copy_range_declines_without_copying_when_the_kernel_cannot(tmp_path: Path) -> None:
+    """Where copy_file_range refuses the pair (here: overlapping ranges of one file) it copies nothing
+    and says so, so the caller can write the bytes itself."""
+    path = tmp_path / "one"
+    path.write_bytes(bytes(range(256)) * 64)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert copy_range(fd, 0, fd, 100, 8192) is False
     finally:
         os.close(fd)
+    assert path.read_bytes() == bytes(range(256)) * 64
 
 
 def _scan(dtype: str, values: np.ndarray, chunk_elements: int = 3) -> ValueScanner:
