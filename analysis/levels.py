@@ -26,12 +26,15 @@ def summarize_level(
     duration_s: float,
     gpus: int,
     server_accept_length: float | None,
+    client_delay_p50_us: float | None = None,
+    client_delay_p99_us: float | None = None,
 ) -> LevelRecord:
     """The ``levels`` row for ``load_level`` from ``requests`` (REQUESTS_SCHEMA rows of one job).
 
     Rows of other levels and warmup rows are ignored. ``duration_s`` is the measured window of the
     level (first non-warmup send to last completion) that rates divide by; ``gpus`` the GPUs the
-    server used; ``server_accept_length`` SGLang's own ``avg_spec_accept_length`` (null if absent).
+    server used; ``server_accept_length`` SGLang's own ``avg_spec_accept_length`` (null if absent);
+    ``client_delay_*_us`` the load generator's calibration before the level (null if not measured).
     """
     import duckdb
 
@@ -69,6 +72,8 @@ def summarize_level(
         duration_s=float(duration_s),
         gpus=int(gpus),
         server_accept_length=server_accept_length,
+        client_delay_p50_us=client_delay_p50_us,
+        client_delay_p99_us=client_delay_p99_us,
         **summary,
     )
 

@@ -163,6 +163,8 @@ class LevelRecord:
     accept_length_hist: tuple[int, ...] | None
     correct_drafts_histogram: tuple[int, ...] | None
     server_accept_length: float | None
+    client_delay_p50_us: float | None
+    client_delay_p99_us: float | None
 
 
 def _latency_fields(name: str) -> list[pa.Field]:
@@ -206,6 +208,8 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("accept_length_hist", pa.list_(pa.int64())),
         pa.field("correct_drafts_histogram", pa.list_(pa.int64())),
         pa.field("server_accept_length", pa.float64()),
+        pa.field("client_delay_p50_us", pa.float64()),
+        pa.field("client_delay_p99_us", pa.float64()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
 )

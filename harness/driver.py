@@ -38,6 +38,7 @@ from harness.results import (
     commit_attempt,
     commit_lost_attempt,
     is_committed,
+    median_client_delay_us,
     write_sweep_row,
 )
 from harness.retry import allowed_failures
@@ -526,6 +527,14 @@ def run_sweep(
                 )
                 queue.event("driver_start", f"{socket.gethostname()} ray {ray.__version__}")
                 summary = Driver(spec, plan, out, queue, progress).run()
+                write_sweep_row(
+                    out,
+                    plan.sweep_id,
+                    spec_text,
+                    sglang_version=SGLANG_VERSION,
+                    created_ns=created,
+                    client_delay_us=median_client_delay_us(out, plan.sweep_id),
+                )
                 queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
                 return summary
             finally:

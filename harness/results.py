@@ -70,9 +70,15 @@ def _sweep_ids(out: Path) -> set[str]:
 
 
 def write_sweep_row(
-    out: Path, sweep_id: str, spec_text: str, *, sglang_version: str | None, created_ns: int
+    out: Path,
+    sweep_id: str,
+    spec_text: str,
+    *,
+    sglang_version: str | None,
+    created_ns: int,
+    client_delay_us: tuple[float | None, float | None] = (None, None),
 ) -> None:
-    """The sweep table's row: spec, versions, host."""
+    """The sweep table's row: spec, versions, host, and (once levels exist) the client-delay calibration."""
     import ray
 
     record = SweepRecord(
@@ -82,8 +88,8 @@ def write_sweep_row(
         sglang_version=sglang_version,
         ray_version=ray.__version__,
         host=socket.gethostname(),
-        client_delay_p50_us=None,
-        client_delay_p99_us=None,
+        client_delay_p50_us=client_delay_us[0],
+        client_delay_p99_us=client_delay_us[1],
         created_unix_ns=created_ns,
     )
     write_parquet_atomic(sweep_table([record]), layout.sweep_part_path(out, sweep_id))
@@ -115,3 +121,21 @@ def commit_lost_attempt(out: Path, job: JobSpec, attempt: int, error_class: str,
         facts=AttemptFacts(finished_unix_ns=time.time_ns()),
     )
     write_parquet_atomic(jobs_table([record]), layout.job_part_path(out, "jobs", job.sweep_id, job.job_id))
+
+
+def median_client_delay_us(out: Path, sweep_id: str) -> tuple[float | None, float | None]:
+    """Median over the committed levels of the load generator's calibration (p50, p99 in us)."""
+    import pyarrow.dataset as ds
+
+    root = out / "levels" / f"sweep={sweep_id}"
+    if not root.is_dir():
+        return None, None
+    table = ds.dataset(root, format="parquet").to_table(
+        columns=["client_delay_p50_us", "client_delay_p99_us"]
+    )
+
+    def median(column: str) -> float | None:
+        values = sorted(v for v in table.column(column).to_pylist() if v is not None)
+        return values[len(values) // 2] if values else None
+
+    return median("client_delay_p50_us"), median("client_delay_p99_us")

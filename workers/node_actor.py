@@ -235,6 +235,8 @@ class NodeWorker:
                     duration_s=max(result.duration_s, 1e-9),
                     gpus=job.gpus,
                     server_accept_length=server_accept_length(info),
+                    client_delay_p50_us=result.client_delay.p50_us,
+                    client_delay_p99_us=result.client_delay.p99_us,
                 )
             )
         self._snapshot_metrics(server, state)

@@ -106,3 +106,13 @@ def test_demo_command_refuses_foreign_output_directory_when_not_empty(tmp_path: 
     assert proc.returncode == 2
     assert "holds no earlier demo" in proc.stderr and "Traceback" not in proc.stderr
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_demo_stores_client_delay_calibration_when_levels_ran(demo_out: Path) -> None:
+    """Each level keeps the load generator's loopback calibration; the sweep row holds their median."""
+    con = connect(demo_out)
+    levels = con.sql("SELECT client_delay_p50_us, client_delay_p99_us FROM levels").fetchall()
+    ((p50, p99),) = con.sql("SELECT client_delay_p50_us, client_delay_p99_us FROM sweep").fetchall()
+    con.close()
+    assert len(levels) == 15 and all(a is not None and b is not None and 0 < a <= b for a, b in levels)
+    assert p50 is not None and 0 < p50 <= p99
