@@ -37,6 +37,7 @@ import numpy as np
 from analysis.layout import attempted_job_ids, committed_job_ids
 from analysis.metrics import METRICS_BY_NAME, Metric, Rate
 from analysis.slo import Slo, check_metric
+from analysis.views import requests_of_jobs
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -176,7 +177,8 @@ def select_best(
     elif len(baselines) > 1:
         notes.append(f"several baseline configs {baselines}: speedups use {baselines[0]!r}")
     baseline_label = baselines[0] if baselines else None
-    resampler = _Resampler(con, metric, replicates, seed)
+    ranked_jobs = {run.job_id for runs in runs_by_level.values() for run in runs}
+    resampler = _Resampler(con, metric, replicates, seed, requests_of_jobs(out, ranked_jobs))
     choices = tuple(
         _choose_level(level, runs_by_level[level], metric, slos, baseline_label, resampler, notes)
         for level in levels
@@ -390,8 +392,11 @@ def _fmt(value: float | None) -> str:
 class _Resampler:
     """Bootstrap replicates of the objective per run, from the request rows (one query per kind)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, metric: Metric, replicates: int, seed: int) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, metric: Metric, replicates: int, seed: int, requests: str
+    ) -> None:
         self._con = con
+        self._requests = requests  # the ranked jobs' request rows (views.requests_of_jobs)
         self._metric = metric
         self._replicates = replicates
         self._rng = np.random.default_rng(seed)
@@ -436,7 +441,8 @@ class _Resampler:
                        floor(log2(1 + v) * {CELLS_PER_OCTAVE})::INT AS v_cell,
                        count(*)::DOUBLE AS n, sum(v) AS v, sum(t) AS t
                 FROM (SELECT job_id, load_level, coalesce(({value})::DOUBLE, 0) AS v, e2e_ms AS t
-                      FROM requests WHERE NOT warmup AND concurrency IS NOT NULL AND e2e_ms IS NOT NULL)
+                      FROM {self._requests}
+                      WHERE NOT warmup AND concurrency IS NOT NULL AND e2e_ms IS NOT NULL)
                 GROUP BY ALL)
             GROUP BY job_id, load_level
             """
@@ -457,7 +463,7 @@ class _Resampler:
         aggregate = self._metric.aggregate
         per_request = (
             f"SELECT job_id, load_level, ({aggregate.value})::DOUBLE AS v "  # type: ignore[union-attr]
-            "FROM requests WHERE NOT warmup"
+            f"FROM {self._requests} WHERE NOT warmup"
         )
         if isinstance(aggregate, Rate):
             counted = (

@@ -164,6 +164,17 @@ def _register_requests(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     )
 
 
+def requests_of_jobs(out: Path, job_ids: set[str]) -> str:
+    """A relation (for FROM) over the request rows of these committed jobs only, as the ``requests`` view
+    shows them: the job list prunes partitions by directory, so a scan reads no other job's files and
+    needs no semi-join with ``jobs`` (the view's way, which a one-shot ranking does not need)."""
+    ids = ", ".join("'" + job.replace("'", "''") + "'" for job in sorted(job_ids)) or "NULL"
+    return (
+        "(SELECT r.sweep AS sweep_id, r.job AS job_id, r.* EXCLUDE (sweep, job) "
+        f"FROM {_read_parquet(job_table_glob(out, 'requests'))} r WHERE r.job IN ({ids}))"
+    )
+
+
 def _register_empty(con: duckdb.DuckDBPyConnection, name: str, schema: pa.Schema) -> None:
     """A view with the table's columns and no rows (e.g. every job failed: no levels files)."""
     con.register(f"_{name}_empty", schema.empty_table())
