@@ -9,27 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.launch_args import chain_launch_args
 from workers.loadgen import LoadLevel, LoadResult, auto_processes, run_load
 from workers.sim_server import SimServerHandle, start_sim_server
 from workers.workloads import JsonlPromptsWorkload, RandomIdsWorkload
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-SPEC_ARGS = [
-    "--model-path",
-    str(FIXTURES / "kimi-k2"),
-    "--speculative-algorithm",
-    "EAGLE3",
-    "--speculative-draft-model-path",
-    str(FIXTURES / "eagle3-draft"),
-    "--speculative-num-steps",
-    "3",
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    "4",
-    "--max-running-requests",
-    "256",
-]
+SPEC_ARGS = chain_launch_args(
+    FIXTURES / "kimi-k2", FIXTURES / "eagle3-draft", 3, "--max-running-requests", "256"
+)
 
 
 @pytest.fixture(scope="module")
