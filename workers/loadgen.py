@@ -9,10 +9,12 @@ the warmup requests (not recorded; then ``/flush_cache`` when asked), and runs o
   conditioned to end exactly at ``requests / rate`` (uniform order statistics), so the offered rate is
   the target rate, not a noisy draw of it.
 
-Each process has ONE aiohttp session whose pool is sized to the streams it drives; timestamps are taken
-with ``perf_counter_ns`` as each read returns, before any parsing (``workers.sse``,
-``workers.sglang_stream``). Failed, timed-out and cut-off requests are records with an ``error_type``;
-nothing is dropped. When one process cannot keep up (``processes``, automatic by concurrency), shard
+Each process has ONE aiohttp session whose pool is sized to the streams it drives and filled (one
+connection per stream) before the clock starts. Timestamps are ``perf_counter_ns`` taken as each socket
+read comes in, before aiohttp or we parse it (``workers.socket_stamps``), so a busy loop does not date
+chunks late; parsing is then kept to two integers a chunk (``workers.sse``, ``workers.sglang_stream``).
+Failed, timed-out and cut-off requests are records with an ``error_type``; nothing is dropped. When one
+process cannot keep up (``processes``, automatic by concurrency), shard
 processes (``python -m workers.loadgen``) start together on one clock and their records are merged.
 """
 
@@ -43,6 +45,7 @@ from analysis.schema import RequestRecord, requests_table, write_parquet_atomic
 from workers.calibration import ClientDelay, LoopbackServer, loopback_body
 from workers.sglang import api
 from workers.sglang_stream import FinalStats, ResponseStream, StreamError
+from workers.socket_stamps import StampedBody, StampingConnector
 from workers.sse import SSEDecoder, SSEFormatError
 from workers.workloads import PreparedRequest, Workload, request_stream
 
@@ -51,11 +54,13 @@ T = TypeVar("T")
 
 # Streams one process drives. At 20 ms steps 128 streams bring 6,400 chunks/s; at the 20-40 us of CPU per
 # chunk measured (bench/loadgen.py) that is 13-26% of a core, so the burst of one chunk per stream that
-# every step brings is read within ~2 ms. Throughput alone would allow ~5x more, but not that delay.
+# every step brings is handled within ~2-3 ms and the loop is back polling sockets (where arrivals are
+# stamped) before the next step. Throughput alone would allow ~5x more, but not that polling delay.
 STREAMS_PER_PROCESS = 128
 _READ_BUFFER = 1 << 20
 CUT_OFF = "cut_off"  # error_type of a request still running when the run was stopped
 _ERROR_BODY_BYTES = 2048
+_PRECONNECT_TIMEOUT = aiohttp.ClientTimeout(total=10)
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _WORKLOAD_ADAPTER: TypeAdapter[Workload] = TypeAdapter(Workload)
 
@@ -195,10 +200,12 @@ async def _send(
                 error = ("http_error", f"HTTP {status}: {body.decode('utf-8', 'replace').strip()}")
             else:
                 content = resp.content
+                body = StampedBody(resp)
                 feed = decoder.feed
                 add_events = stream.add_events
                 while data := await content.readany():
-                    add_events(feed(data, time.perf_counter_ns()))
+                    for piece, arrival_ns in body.pieces(data, time.perf_counter_ns()):
+                        add_events(feed(piece, arrival_ns))
     except asyncio.CancelledError:
         error = (CUT_OFF, f"run ended with the request in flight after {stream.completion_tokens} tokens")
     except TimeoutError:
@@ -440,7 +447,7 @@ async def _finish(tasks: list[asyncio.Task[None]], level: LoadLevel, deadline_ab
 
 @dataclass(frozen=True, slots=True)
 class _Shard:
-    """This process's part of a level: every ``count``-th request from ``index``, its stream share."""
+    """This process's part of a level: shard ``index`` of ``count``, its share of streams and requests."""
 
     index: int
     count: int
@@ -449,10 +456,24 @@ class _Shard:
         """This shard's part of ``total`` streams (the first shards take the remainder)."""
         return total // self.count + (1 if self.index < total % self.count else 0)
 
-    def indices(self, limit: int | None, start: int = 0) -> Iterable[int]:
-        """Global request indices of this shard, from ``start``."""
-        first = start + self.index
-        return range(first, start + limit, self.count) if limit is not None else _stepped(first, self.count)
+    def indices(self, level: LoadLevel) -> Iterable[int]:
+        """Global indices of this shard's measured requests (after the warmup indices).
+
+        Closed loop with a count: a contiguous block in proportion to this shard's streams, so every
+        stream of every shard sends the same number of requests and no shard runs a lone extra cycle
+        after the others finish (1024 streams over 12 shards: 86 or 85 each, so an equal split of the
+        count would leave some streams one request more). Otherwise every ``count``-th index, matching
+        the open loop's round-robin of arrivals.
+        """
+        start = level.warmup_requests
+        if level.concurrency is not None and level.requests is not None:
+            before = sum(_Shard(i, self.count).share(level.concurrency) for i in range(self.index))
+            mine = self.share(level.concurrency)
+            first = start + level.requests * before // level.concurrency
+            return range(first, start + level.requests * (before + mine) // level.concurrency)
+        if level.requests is not None:
+            return range(start + self.index, start + level.requests, self.count)
+        return _stepped(start + self.index, self.count)
 
 
 def _stepped(first: int, step: int) -> Iterator[int]:
@@ -464,7 +485,7 @@ def _stepped(first: int, step: int) -> Iterator[int]:
 
 def _session(streams: int | None, level: LoadLevel) -> aiohttp.ClientSession:
     """The process's one session: pool sized to its streams, large read buffer, no per-request extras."""
-    connector = aiohttp.TCPConnector(limit=streams or 0, limit_per_host=0, ttl_dns_cache=None)
+    connector = StampingConnector(limit=streams or 0, limit_per_host=0, ttl_dns_cache=None)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=level.request_timeout_s),
@@ -476,8 +497,7 @@ def _session(streams: int | None, level: LoadLevel) -> aiohttp.ClientSession:
 
 def _prepared_requests(level: LoadLevel, workload: Workload, shard: _Shard) -> Iterator[PreparedRequest]:
     """This shard's measured requests; for a count, all bodies encoded now, before the clock starts."""
-    start = level.warmup_requests
-    requests = request_stream(workload, iter(shard.indices(level.requests, start)))
+    requests = request_stream(workload, iter(shard.indices(level)))
     return iter(list(requests)) if level.requests is not None else requests
 
 
@@ -500,6 +520,24 @@ async def _run_measured(
         offsets = (o for k, o in enumerate(arrival_offsets_ns(level)) if k % shard.count == shard.index)
         cap = shard.share(level.max_concurrency) if level.max_concurrency else None
         await _open_loop(session, ctx, requests, offsets, cap, deadline, outcomes)
+
+
+async def _open_connections(session: aiohttp.ClientSession, base_url: str, count: int | None) -> None:
+    """Fill the pool with ``count`` kept-alive connections (one cheap GET each) before the clock starts.
+
+    Otherwise every stream opens its TCP connection in the first instant of the run, and that burst of
+    connects and first requests lands on the same CPU as the first chunks. A server that refuses or is
+    down is not reported here: the measured requests report it, as error rows.
+    """
+    if not count:
+        return
+
+    async def one() -> None:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            async with session.get(base_url + api.MODEL_INFO, timeout=_PRECONNECT_TIMEOUT) as resp:
+                await resp.read()
+
+    await asyncio.gather(*(one() for _ in range(count)))
 
 
 async def _warmup(
@@ -653,6 +691,7 @@ async def _run_one_process(
     shard = _Shard(0, 1)
     requests = _prepared_requests(level, workload, shard)
     async with _session(level.streams, level) as session:
+        await _open_connections(session, base_url, level.streams)
         t0_ns = time.perf_counter_ns()
         await _run_measured(session, base_url, level, requests, shard, t0_ns, outcomes)
 
@@ -748,7 +787,9 @@ def _shard_main() -> int:
 
     async def main() -> None:
         requests = _prepared_requests(level, workload, shard)
-        async with _session(shard.share(level.streams) if level.streams else None, level) as session:
+        streams = shard.share(level.streams) if level.streams else None
+        async with _session(streams, level) as session:
+            await _open_connections(session, job["url"], streams)
             print("ready", flush=True)
             t0_ns = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
             await _run_measured(session, job["url"], level, requests, shard, t0_ns, outcomes)

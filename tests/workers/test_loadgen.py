@@ -170,6 +170,21 @@ def test_run_load_merges_shards_when_several_processes(sim: SimServerHandle) -> 
     assert counts.max() == 8 and np.median(counts) == 8
 
 
+def test_shards_split_a_closed_loop_count_by_their_streams(sim: SimServerHandle) -> None:
+    """6 streams x 3 requests over 4 processes (2, 2, 1, 1 streams) lasts three request times, not four.
+
+    Splitting the 18 requests evenly (5, 5, 4, 4) would leave each one-stream process a fourth request
+    to run alone after the others finish.
+    """
+    workload = RandomIdsWorkload(input_tokens=8, output_tokens=48)
+    level = LoadLevel(concurrency=6, requests=18, processes=4)
+    result = run_load(sim.url, level, workload, calibration_streams=4)
+    assert sorted(r.request_id for r in result.records) == [f"r{i:07d}" for i in range(18)]
+    assert result.num_errors == 0
+    span_ms = (max(r.end_ns for r in result.records) - min(r.start_ns for r in result.records)) / 1e6
+    assert span_ms < 3.5 * float(np.median([r.e2e_ms for r in result.records]))
+
+
 @pytest.mark.parametrize(
     ("cores", "concurrency", "expected"),
     [(2, 1024, 1), (16, 64, 1), (16, 256, 2), (16, 1024, 8), (16, 100_000, 8), (1, 4096, 1)],

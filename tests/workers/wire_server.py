@@ -15,6 +15,8 @@ import struct
 import threading
 from pathlib import Path
 
+from workers.sglang.api import MODEL_INFO
+
 STREAMS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23"
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 _FIRST_CHUNK = (
@@ -50,8 +52,13 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, se
     try:
         while True:
             path = await _read_request(reader)
-            seen.append(path)
             mode = path.strip("/").split("/")[0]
+            if path.endswith(MODEL_INFO):  # what the load generator asks to open its connections
+                body = b'{"model_path":"wire"}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                continue
+            seen.append(path)
             if mode == "recorded":
                 writer.write(
                     _HEAD + _chunked((STREAMS / "generate_spec_stream.sse").read_bytes()) + b"0\r\n\r\n"
@@ -95,7 +102,7 @@ class WireServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self.port = 0
-        self.requests_seen: list[str] = []  # paths, in arrival order
+        self.requests_seen: list[str] = []  # paths of the requests answered by a mode, in arrival order
 
     def __enter__(self) -> WireServer:
         self._thread.start()
