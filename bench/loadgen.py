@@ -13,12 +13,18 @@ minus the server's send stamp; p50/p99 over all chunks).
 The simulator must never be this bench's bottleneck. The paced profile's step time does not depend on the
 batch, so "the server" is ``SIM_PROCESSES`` simulated servers sharing one port (SO_REUSEPORT, each its own
 scheduler): every stream still gets exactly the paced schedule and every chunk its send stamp. (The sweep
-models one scheduler; this is for the paced bench only.) SGLang's client runs when ``.venv-sglang`` exists.
+models one scheduler; this is for the paced bench only.) SGLang's client runs when ``.venv-sglang`` exists
+(or ``BENCH_SGLANG_PYTHON`` names an interpreter with sglang installed).
 Besides the automatic process count, ours also runs on one process, and on every core the simulator
 leaves (when that is more than automatic, which keeps half the cores for the server).
 
+Client CPU per chunk is compared without start-up: ours from a run inside this process (the multi-process
+runs' own figures include their shards' imports), SGLang's with its import CPU, measured in the same run,
+subtracted.
+
 Goals at 1024 streams: client-added delay p99 <= 2 ms, TPOT within 2% of truth, req/s >= 90% of ideal
-and >= 2x SGLang's client.
+and >= 2x SGLang's client. No client can beat the ideal, so the last is reachable only where SGLang's
+client gets less than half of it: the ratio line also reports ``most_any_client_can_reach``.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ INPUT_TOKENS = 128
 OUTPUT_TOKENS = 256
 CYCLES = 3  # requests per stream: enough for the streams to cycle and desynchronise if the client lags
 CONCURRENCIES = (256, 1024)
-SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
+# SGLang's client runs in .venv-sglang; elsewhere (a host without that venv) name an interpreter that has
+# sglang installed in BENCH_SGLANG_PYTHON.
+SGLANG_PYTHON = Path(os.environ.get("BENCH_SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
 SIM_PROCESSES = max(1, min(4, (os.cpu_count() or 1) // 4))  # a quarter of the cores; the client gets half
 PACED_PROFILE = {
     "name": "paced-20ms-3-tokens",
@@ -286,7 +294,16 @@ def report_sglang(streams: int, out: dict, cpu: dict[str, float | int]) -> tuple
     return req_s, cpu_per_chunk
 
 
+def sglang_import_cpu_s() -> float:
+    """CPU seconds SGLang's client spends importing (torch, transformers, sglang.srt): not per-chunk work."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([str(SGLANG_PYTHON), "-c", "import sglang.benchmark.serving"], check=True, timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
 def main() -> int:
+    sglang_import_s = sglang_import_cpu_s() if SGLANG_PYTHON.exists() else 0.0
     with tempfile.TemporaryDirectory(prefix="bench-loadgen-") as tmp:
         work = Path(tmp)
         profile = work / "paced.json"
@@ -313,11 +330,11 @@ def main() -> int:
                     report_ours(
                         streams, wide, {**meter.used(), **context}, f"loadgen.c{streams}.ours_free_cores"
                     )
-            if result.processes > 1:  # the automatic choice, against one process
+            if result.processes > 1:  # the automatic choice, against one process (in this one: no start-up)
                 with paced_servers(profile) as servers:
                     meter = CpuMeter(servers.pids)
                     single = run_ours(servers.url, streams, processes=1)
-                    report_ours(
+                    _, ours_cpu = report_ours(
                         streams, single, {**meter.used(), **context}, f"loadgen.c{streams}.ours_one_process"
                     )
             if not SGLANG_PYTHON.exists():
@@ -326,8 +343,18 @@ def main() -> int:
             with paced_servers(profile) as servers:
                 meter = CpuMeter(servers.pids)
                 out = run_sglang(servers.url, streams, tokenizer, work / f"sglang-{streams}.jsonl")
-                sglang_req_s, sglang_cpu = report_sglang(streams, out, {**meter.used(), **context})
-            emit(f"loadgen.c{streams}.ours_vs_sglang_client.req_s", "x", ours_req_s / sglang_req_s, **context)
+                cpu = meter.used()
+                cpu["client_cpu_s"] -= sglang_import_s
+                cpu["client_import_cpu_s_subtracted"] = sglang_import_s
+                sglang_req_s, sglang_cpu = report_sglang(streams, out, {**cpu, **context})
+            ideal = streams / IDEAL_REQUEST_S
+            emit(
+                f"loadgen.c{streams}.ours_vs_sglang_client.req_s",
+                "x",
+                ours_req_s / sglang_req_s,
+                most_any_client_can_reach=ideal / sglang_req_s,  # no client beats the ideal
+                **context,
+            )
             emit(
                 f"loadgen.c{streams}.sglang_client_vs_ours.cpu_per_chunk",
                 "x",
