@@ -52,11 +52,13 @@ from workers.workloads import PreparedRequest, Workload, request_stream
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Streams one process drives. At 20 ms steps 128 streams bring 6,400 chunks/s; at the 20-40 us of CPU per
-# chunk measured (bench/loadgen.py) that is 13-26% of a core, so the burst of one chunk per stream that
-# every step brings is handled within ~2-3 ms and the loop is back polling sockets (where arrivals are
-# stamped) before the next step. Throughput alone would allow ~5x more, but not that polling delay.
-STREAMS_PER_PROCESS = 128
+# Streams one process drives. Arrivals are stamped when the loop polls its sockets, and the loop polls
+# again only after it has run every task the last poll woke: with one chunk per stream per step landing
+# at once, the wait is about (streams in the process) x (20-40 us of CPU per chunk). Measured on a
+# 16-core host (bench/loadgen.py), 128 streams a process gave p99 0.35-0.56 ms at 1024 streams but
+# 2.0 ms at 256, where the server's writes are bunched; 21 streams a process gave 0.13-0.22 ms.
+# Throughput alone would allow ~10x more streams a process.
+STREAMS_PER_PROCESS = 64
 _READ_BUFFER = 1 << 20
 CUT_OFF = "cut_off"  # error_type of a request still running when the run was stopped
 _ERROR_BODY_BYTES = 2048

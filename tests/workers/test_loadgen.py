@@ -187,12 +187,12 @@ def test_shards_split_a_closed_loop_count_by_their_streams(sim: SimServerHandle)
 
 @pytest.mark.parametrize(
     ("cores", "concurrency", "expected"),
-    [(2, 1024, 1), (16, 64, 1), (16, 256, 2), (16, 1024, 8), (16, 100_000, 8), (1, 4096, 1)],
+    [(2, 1024, 1), (16, 64, 1), (16, 65, 2), (16, 256, 4), (16, 1024, 8), (64, 1024, 16), (1, 4096, 1)],
 )
 def test_auto_processes_uses_at_most_half_the_cores_when_concurrency_is_high(
     monkeypatch: pytest.MonkeyPatch, cores: int, concurrency: int, expected: int
 ) -> None:
-    """One client process per 128 streams, never more than half the cores (the server needs the rest)."""
+    """One client process per 64 streams, never more than half the cores (the server needs the rest)."""
     monkeypatch.setattr("os.cpu_count", lambda: cores)
     assert auto_processes(LoadLevel(concurrency=concurrency, requests=1)) == expected
     assert auto_processes(LoadLevel(concurrency=concurrency, requests=1, processes=3)) == 3
