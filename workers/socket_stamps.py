@@ -71,6 +71,10 @@ class StampedBody:
     def pieces(self, data: bytes, now_ns: int) -> list[tuple[bytes, int]]:
         """``data`` (the next bytes of the body) as ``(bytes, arrival_ns)`` pieces in order."""
         marks, offset, end = self._marks, self._offset, self._offset + len(data)
+        if len(marks) == 1 and marks[0][2] == end and marks[0][1] is self._payload:
+            # the common read: one socket read brought exactly these bytes
+            self._offset = end
+            return [(data, marks.popleft()[0])]
         out: list[tuple[bytes, int]] = []
         done = 0  # bytes of data already in out
         while marks and done < len(data):
