@@ -334,7 +334,7 @@ def _choose_level(
         if baseline_objective is not None and baseline_reps is not None:
             speedup = _ratio(objective, baseline_objective, metric)
             if not is_baseline:
-                speedup_ci = _interval(_ratio(reps, baseline_reps, metric))
+                speedup_ci = _speedup_interval(reps, baseline_reps, metric)
         if rank == 1:
             winner_ci = objective_ci
         values = [r.values[metric.name] for r in config_runs]
@@ -378,6 +378,18 @@ def _ratio(config: Any, baseline: Any, metric: Metric) -> Any:
 
     Works alike on point values (float) and on bootstrap replicates (arrays)."""
     return baseline / config if metric.better == "lower" else config / baseline
+
+
+def _speedup_interval(reps: np.ndarray, baseline_reps: np.ndarray, metric: Metric) -> Interval | None:
+    """Interval of the speedup over paired replicates.
+
+    A resample whose denominator is 0 (with few requests, a draw can hold no tokens) has no ratio and is
+    left out; with none left the interval is null.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = _ratio(reps, baseline_reps, metric)
+    finite = ratios[np.isfinite(ratios)]
+    return _interval(finite) if finite.size else None
 
 
 def _interval(replicates: np.ndarray) -> Interval:

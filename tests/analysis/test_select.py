@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,18 @@ def test_select_best_nulls_speedups_with_note_when_no_baseline(tmp_path: Path) -
     selection = _select(tmp_path)
     assert any("no no-speculation baseline" in n for n in selection.notes)
     assert all(r.speedup is None and r.speedup_ci is None for lv in selection.levels for r in lv.ranked)
+
+
+def test_select_best_gives_finite_speedup_intervals_when_levels_have_few_requests(tmp_path: Path) -> None:
+    """With 3 requests a level some resamples hold no tokens: no warning, no inf or NaN bound."""
+    write_sweep(tmp_path, clear_sweep(concurrencies=(1,), requests_per_level=3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        selection = _select(tmp_path)
+    intervals = [r.speedup_ci for lv in selection.levels for r in lv.ranked if not r.is_baseline]
+    assert intervals
+    for ci in intervals:
+        assert ci is None or (math.isfinite(ci.low) and math.isfinite(ci.high))
 
 
 def test_select_best_notes_failed_job_when_config_failed(tmp_path: Path) -> None:
