@@ -117,6 +117,11 @@ def build_checkpoint(
 
 
 def _shapes(dims: FixtureDims) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of an EAGLE3 drafter (layer parts unprefixed).
+
+    Written out here, not taken from ``eagle3_format.expected_shapes``: these fixtures are the
+    converter's test oracle, so a wrong shape there must not be copied into them.
+    """
     hidden, q_rows, kv_rows = (
         dims.hidden_size,
         dims.num_heads * dims.head_dim,
