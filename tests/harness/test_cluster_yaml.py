@@ -35,3 +35,22 @@ def test_cluster_yaml_validator_refuses_unknown_key_when_misspelt() -> None:
     config["setup_comands"] = config.pop("setup_commands")
     with pytest.raises(Exception, match="setup_comands"):
         _validate(config)
+
+
+def test_cluster_yaml_sets_up_token_auth_when_the_cluster_is_fresh() -> None:
+    """On a fresh cluster every node starts with token auth on and holds the head's token: the head
+    creates it before Ray starts, the launcher ships that file to each worker, every `ray start` sets
+    RAY_AUTH_MODE=token, and docs/cluster.md hands the same token to the submitting client."""
+    prepared = _validate(yaml.safe_load(CLUSTER_YAML.read_text()))
+    assert any("ray get-auth-token --generate" in command for command in prepared["head_setup_commands"])
+    assert "~/.ray/auth_token" in prepared["cluster_synced_files"]
+    starts = [
+        command
+        for key in ("head_start_ray_commands", "worker_start_ray_commands")
+        for command in prepared[key]
+        if "ray start" in command
+    ]
+    assert len(starts) == 2 and all(command.startswith("RAY_AUTH_MODE=token ") for command in starts)
+    guide = (CLUSTER_YAML.parent / "docs" / "cluster.md").read_text()
+    assert "ray rsync-down cluster.yaml /home/ubuntu/.ray/auth_token" in guide
+    assert "RAY_AUTH_TOKEN_PATH=" in guide

@@ -1,12 +1,17 @@
 """`ray job submit` against a head started with `ray start --head`: the driver runs as a Ray job.
 
 The head is started in the foreground (`--block`) in its own session, so the test stops exactly the
-processes it started (SIGTERM, then SIGKILL of that process group), never other Ray clusters.
+processes it started (SIGTERM, then SIGKILL of that process group), never other Ray clusters. Nothing
+depends on the machine's past: the test writes its own auth token into a temporary file and hands it
+(``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``) to both ``ray start`` and the client, with every
+``RAY_*`` variable of the caller dropped, and gives the head's agents free ports (an orphaned agent
+holding Ray's default 52365 cannot break it).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -14,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -31,11 +37,37 @@ REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
+@dataclass(frozen=True)
+class Head:
+    """A started head: the job server's address and the environment a client needs to reach it."""
+
+    address: str
+    env: dict[str, str]
+
+
+def token_env(folder: Path) -> dict[str, str]:
+    """This process's environment without any RAY_* variable, plus a fresh token of our own."""
+    token = folder / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    return {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(pick_free_port("127.0.0.1"))
+    return sorted(ports)
+
+
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Ray head with 8 simulated GPUs and the job server; yields the dashboard address."""
-    port, dashboard = pick_free_port("127.0.0.1"), pick_free_port("127.0.0.1")
-    log = tmp_path_factory.mktemp("head") / "ray-start.log"
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
+    """A Ray head with 8 simulated GPUs, token auth on and the job server; yields how to reach it."""
+    folder = tmp_path_factory.mktemp("head")
+    env = token_env(folder)
+    port, dashboard, agent_http, agent_grpc, runtime_env_agent, metrics = _free_ports(6)
+    log = folder / "ray-start.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [
@@ -49,15 +81,20 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={dashboard}",
+                f"--dashboard-agent-listen-port={agent_http}",
+                f"--dashboard-agent-grpc-port={agent_grpc}",
+                f"--runtime-env-agent-port={runtime_env_agent}",
+                f"--metrics-export-port={metrics}",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,
         )
     address = f"http://127.0.0.1:{dashboard}"
     try:
         _wait_for_job_server(address, proc, log)
-        yield address
+        yield Head(address, env)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -88,8 +125,9 @@ def _wait_for_job_server(address: str, proc: subprocess.Popen[bytes], log: Path)
     raise AssertionError(f"the job server did not come up:\n{log.read_text()[-2000:]}")
 
 
-def test_job_submit_runs_a_small_sweep_when_submitted_to_a_started_head(head: str, tmp_path: Path) -> None:
-    """`ray job submit --working-dir . -- specsweep run sweep.yaml` completes a sweep on the head."""
+def test_job_submit_runs_a_small_sweep_when_submitted_to_a_started_head(head: Head, tmp_path: Path) -> None:
+    """`ray job submit --working-dir . -- specsweep run sweep.yaml` completes a sweep on a head that has
+    token auth on, with the token given to the client through RAY_AUTH_TOKEN_PATH only."""
     out = tmp_path / "out"
     spec = {
         "engine": "sim",
@@ -107,14 +145,13 @@ def test_job_submit_runs_a_small_sweep_when_submitted_to_a_started_head(head: st
     }
     spec_file = tmp_path / "sweep.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
     submitted = subprocess.run(
         [
             RAY,
             "job",
             "submit",
             "--address",
-            head,
+            head.address,
             "--working-dir",
             str(REPO),
             "--",
@@ -128,7 +165,7 @@ def test_job_submit_runs_a_small_sweep_when_submitted_to_a_started_head(head: st
             "--builtin-only",
         ],
         cwd=REPO,
-        env=env,
+        env=head.env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -141,3 +178,19 @@ def test_job_submit_runs_a_small_sweep_when_submitted_to_a_started_head(head: st
     finally:
         conn.close()
     assert ds.dataset(out / "requests", partitioning="hive").count_rows() == 3
+
+
+def test_job_submit_is_refused_when_the_client_has_no_token(head: Head, tmp_path: Path) -> None:
+    """The head really enforces token auth: a client without the token (empty HOME, no RAY_AUTH_*)
+    cannot list jobs, so the test above cannot pass because auth happened to be off."""
+    env = {k: v for k, v in head.env.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(tmp_path)
+    listed = subprocess.run(
+        [RAY, "job", "list", "--address", head.address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode != 0
+    assert "token" in (listed.stdout + listed.stderr).lower()
