@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.spec import SweepSpec
+from specsweep.errors import SpecError
 from workers.job import JobSpec, launch_args
 from workers.sglang import SpecParams, ValidationReport, validate_many
 
 BASELINE_LABEL = "baseline"
+POINT_STATUSES: tuple[str, ...] = ("ok", "adjusted", "unchecked", "invalid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +236,25 @@ def _local_dir(path: str) -> str | None:
     return path if (Path(path) / "config.json").is_file() else None
 
 
+def _require_local_drafter(spec: SweepSpec) -> None:
+    """A drafter path that is not on this machine cannot be validated (SGLang would take it for a Hub
+    repo id and drop every speculative point with a misleading reason): say so, naming the path."""
+    if spec.drafter is None or not _speculates(spec):
+        return
+    if not Path(spec.drafter.path).exists():
+        raise SpecError(
+            f"the drafter checkpoint {spec.drafter.path!r} does not exist on this machine",
+            where="drafter.path",
+            fix="correct drafter.path; if the checkpoint exists only on the nodes, pass --draft-config DIR "
+            "(a local directory with its converted config.json) or --no-validate",
+        )
+
+
+def _speculates(spec: SweepSpec) -> bool:
+    """Whether any requested point runs a draft model."""
+    return any(p.requested.speculative_algorithm for p in grid_points(spec))
+
+
 def plan_with_local_configs(
     spec: SweepSpec,
     *,
@@ -247,6 +268,8 @@ def plan_with_local_configs(
     checkpoint is local. The spec's ``sglang_python`` validates when it exists on this machine."""
     target = target_config_dir or _local_dir(spec.model_path)
     draft = draft_config_dir
+    if draft is None:
+        _require_local_drafter(spec)
     if draft is None and spec.drafter is not None and _local_dir(spec.drafter.path):
         from workers.node_actor import converted_drafter
 

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from harness.commands.base import Command
-from harness.plan import Plan, plan_with_local_configs
+from harness.plan import POINT_STATUSES, Plan, plan_with_local_configs
 from harness.spec import SweepSpec, load_spec
 from specsweep.errors import SpecError
 
@@ -55,6 +55,34 @@ def require_jobs(plan: Plan, source: str) -> None:
     reasons = "\n  ".join(f"{v.point.label}: {'; '.join(v.reasons) or 'invalid'}" for v in plan.dropped)
     raise SpecError(
         f"no valid point remains:\n  {reasons}", where=source, fix="correct base_args or the speculative grid"
+    )
+
+
+def plan_summary(plan: Plan) -> str:
+    """What planning did, in lines a user reads before anything runs: the counts, then every dropped
+    point with its reasons and every adjusted point with what SGLang changed."""
+    by_status = {status: [v for v in plan.verdicts if v.status == status] for status in POINT_STATUSES}
+    counts = ", ".join(f"{len(verdicts)} {status}" for status, verdicts in by_status.items() if verdicts)
+    lines = [
+        f"plan {plan.sweep_id}: {len(plan.verdicts)} point(s): {counts or 'none'} -> {len(plan.jobs)} job(s)"
+    ]
+    for status in ("invalid", "adjusted"):
+        word = "dropped" if status == "invalid" else "adjusted"
+        for v in by_status[status]:
+            lines.append(f"  {word} {v.point.label}: {'; '.join(v.reasons) or 'no reason given'}")
+    return "\n".join(lines)
+
+
+def require_nothing_dropped(plan: Plan, source: str, *, allow_dropped: bool) -> None:
+    """Refuse to run a plan that dropped points unless the user said a partial grid is fine."""
+    if not plan.dropped or allow_dropped:
+        return
+    labels = ", ".join(v.point.label for v in plan.dropped)
+    raise SpecError(
+        f"{len(plan.dropped)} of {len(plan.verdicts)} point(s) would not run ({labels}); the reasons are "
+        "listed above",
+        where=source,
+        fix="correct the spec (see `specsweep plan`), or pass --allow-dropped to run only the valid points",
     )
 
 

@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 from harness.commands.base import Command
-from harness.commands.plan import add_validation_arguments, require_jobs, validated_plan
+from harness.commands.plan import (
+    add_validation_arguments,
+    plan_summary,
+    require_jobs,
+    require_nothing_dropped,
+    validated_plan,
+)
 from harness.plan import unchecked_plan
 from harness.spec import load_spec
 
@@ -28,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run every grid point as written, without validation (SGLang itself judges each launch)",
     )
+    parser.add_argument(
+        "--allow-dropped",
+        action="store_true",
+        help="run the valid points even when validation dropped some (default: refuse, listing why)",
+    )
     add_validation_arguments(parser)
 
 
@@ -37,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
 
     spec, text = load_spec(args.spec)
     plan = unchecked_plan(spec) if args.no_validate else validated_plan(spec, args)
+    print(plan_summary(plan), flush=True)
     require_jobs(plan, args.spec)
+    require_nothing_dropped(plan, args.spec, allow_dropped=args.allow_dropped)
     out = Path(args.out or spec.output_dir)
     progress = progress_for(sys.stdout)
     try:
