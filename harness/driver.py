@@ -33,15 +33,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
 from harness.queue import JobQueue, Lease
-from harness.results import (
-    claim_output_dir,
-    commit_attempt,
-    commit_lost_attempt,
-    is_committed,
-    median_client_delay_us,
-    write_sweep_row,
-)
-from harness.retry import allowed_failures
+from harness.results import claim_output_dir, median_client_delay_us, write_sweep_row
+from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
 from specsweep.errors import ClusterError
 from workers.job import AttemptResult, JobSpec
@@ -365,22 +358,18 @@ class Driver:
             return
         except RayTaskError as err:
             self._free(slot)
-            self._record_failure(lease, job, "worker_error", str(err)[-2000:], None, None)
+            self._record_failure(lease, job, Failure("worker_error", str(err)[-2000:], None, None))
             return
         self._free(slot)
         if result.error_class == "cancelled":
             self.queue.release(lease, "stopped by the driver")
             return
         if not result.ok:
-            self._record_failure(
-                lease, job, result.error_class or "crash", result.error_text or "", result.log_tail, result
-            )
+            failure = Failure(result.error_class or "crash", result.error_text or "", result.log_tail, result)
+            self._record_failure(lease, job, failure)
             return
-        if not self.queue.holds(lease.job_id, lease.token):
-            self.queue.event("stale_result", f"attempt {lease.attempt} ignored: lease gone", lease.job_id)
+        if not settle_success(self.out, self.queue, job, lease, result):
             return
-        commit_attempt(self.out, job.sweep_id, result, ("requests", "levels", "jobs"))
-        self.queue.complete(lease, node=result.node_host, worker_s=result.worker_s)
         self._job_seconds.append(time.monotonic() - slot.since)
         self.progress.event(
             f"done   {job.config_label} r{job.repeat_index} ({job.job_id}) on {result.node_host}"
@@ -398,41 +387,18 @@ class Driver:
         self.queue.event("slot_lost", f"slot {slot.index} on {slot.node}: {message}")
         self._replace_worker(slot)
         if lease is not None and job is not None:
-            self._record_failure(lease, job, error_class, message, None, None)
+            self._record_failure(lease, job, Failure(error_class, message, None, None))
 
-    def _record_failure(
-        self,
-        lease: Lease,
-        job: JobSpec,
-        error_class: str,
-        message: str,
-        log_tail: str | None,
-        result: AttemptResult | None,
-    ) -> None:
-        """Apply the retry policy; a final failure gets its jobs row (committed before the state)."""
-        if not self.queue.holds(lease.job_id, lease.token):
-            self.queue.event("stale_result", f"attempt {lease.attempt} ignored: lease gone", lease.job_id)
+    def _record_failure(self, lease: Lease, job: JobSpec, failure: Failure) -> None:
+        """Apply the retry policy (see harness.settle: a final failure's jobs row, then the state)."""
+        state = settle_failure(self.out, self.queue, job, lease, failure, retries=self.spec.retries)
+        if state is None:
             return
-        allowed = allowed_failures(error_class, self.spec.retries)
-        final = self.queue.failures(lease.job_id) + 1 > allowed
-        if final:
-            if result is not None:
-                commit_attempt(self.out, job.sweep_id, result, ("jobs",))
-            else:
-                commit_lost_attempt(self.out, job, lease.attempt, error_class, message)
-        self.queue.fail(
-            lease,
-            error_class=error_class,
-            error_text=message,
-            log_tail=log_tail,
-            node=result.node_host if result else None,
-            retry_limit=allowed,
-            worker_s=result.worker_s if result else None,
-        )
-        verdict = "FAILED" if final else "retry "
+        verdict = "FAILED" if state == "failed" else "retry "
+        message = failure.message
         self.progress.event(
             f"{verdict} {job.config_label} r{job.repeat_index} ({job.job_id}) attempt {lease.attempt}: "
-            f"{error_class}: {message.splitlines()[0] if message else ''}"
+            f"{failure.error_class}: {message.splitlines()[0] if message else ''}"
         )
 
     def _check_deadlines(self) -> None:
@@ -480,18 +446,15 @@ class Driver:
 
 
 def _prepare_queue(queue: JobQueue, plan: Plan, out: Path, progress: Progress) -> int:
-    """Add the plan's jobs (ids already there are kept) and settle jobs a dead driver left leased:
-    committed ones are done, the others pending again. Returns the sweep's creation time."""
+    """Add the plan's jobs (ids already there are kept) and settle jobs a dead driver left leased
+    (harness.settle: by their committed rows). Returns the sweep's creation time."""
     created = queue.get_meta("created_ns")
     if created is None:
         created = str(time.time_ns())
         queue.set_meta("created_ns", created)
         queue.set_meta("sweep_id", plan.sweep_id)
     queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json()) for job in plan.jobs])
-    for job_id in queue.ids_in("leased"):
-        if is_committed(out, plan.sweep_id, job_id):
-            queue.mark_done(job_id, "results were committed before the previous driver stopped")
-    queue.requeue(("leased",), "the previous driver stopped while the job ran")
+    settle_leftovers(queue, out, plan.sweep_id)
     counts = queue.counts()
     progress.event(
         f"sweep {plan.sweep_id}: {len(plan.jobs)} job(s); done {counts['done']}, failed {counts['failed']}, "

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from specsweep.crash_points import crash_point
+
 QUEUE_FILE = "queue.sqlite"
 JOB_STATES: tuple[str, ...] = ("pending", "leased", "done", "failed")
 
@@ -185,6 +187,7 @@ class JobQueue:
                 (job_id, attempt, slot, token, now),
             )
             self._event(job_id, "leased", f"attempt {attempt} on slot {slot}")
+        crash_point("queue:lease")
         return Lease(job_id=job_id, token=token, attempt=attempt, slot=slot, payload=payload)
 
     def holds(self, job_id: str, token: str) -> bool:
@@ -208,6 +211,7 @@ class JobQueue:
             )
             self._finish_attempt(lease, "done", node, None, None, None, worker_s)
             self._event(lease.job_id, "done", f"attempt {lease.attempt} on slot {lease.slot}")
+        crash_point("queue:complete")
         return True
 
     def fail(
@@ -251,6 +255,7 @@ class JobQueue:
             self._event(
                 lease.job_id, "retry" if state == "pending" else "failed", f"{error_class}: {error_text}"
             )
+        crash_point("queue:fail")
         return state
 
     def release(self, lease: Lease, reason: str) -> None:
@@ -264,6 +269,7 @@ class JobQueue:
             )
             self._finish_attempt(lease, "released", None, None, reason, None, None)
             self._event(lease.job_id, "released", reason)
+        crash_point("queue:release")
 
     def requeue(self, states: tuple[str, ...], reason: str) -> list[str]:
         """Move every job in ``states`` back to pending (resume after a dead driver, or a retry of the
@@ -289,6 +295,7 @@ class JobQueue:
                     (now, job_id),
                 )
                 self._event(job_id, "requeued", reason)
+        crash_point("queue:requeue")
         return ids
 
     def mark_done(self, job_id: str, reason: str) -> None:
@@ -305,6 +312,29 @@ class JobQueue:
                 (now, job_id),
             )
             self._event(job_id, "done", reason)
+        crash_point("queue:mark_done")
+
+    def mark_failed(self, job_id: str, *, error_class: str, error_text: str, reason: str) -> None:
+        """Mark a job failed whose final failed ``jobs`` row is already committed (found on resume):
+        the running attempt becomes that failure and counts as one."""
+        now = time.time_ns()
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE jobs SET state = 'failed', failures = failures + 1, lease_token = NULL,"
+                " error_class = ?, error_text = ?, finished_ns = ?, updated_ns = ? WHERE id = ?",
+                (error_class, error_text, now, now, job_id),
+            )
+            self._conn.execute(
+                "UPDATE attempts SET outcome = 'failed', error_class = ?, error_text = ?, finished_ns = ?"
+                " WHERE job_id = ? AND outcome = 'running'",
+                (error_class, error_text, now, job_id),
+            )
+            self._event(job_id, "failed", f"{error_class}: {error_text} ({reason})")
+        crash_point("queue:mark_failed")
+
+    def attempts_of(self, job_id: str) -> int:
+        """Attempts of ``job_id`` so far (the number of its latest lease)."""
+        return self._conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
 
     def event(self, kind: str, detail: str, job_id: str | None = None) -> None:
         """Record something that happened to the sweep (slot lost, driver stopped, ...)."""

@@ -12,11 +12,13 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.schema import SweepRecord, jobs_table, sweep_table, write_parquet_atomic
 from harness.queue import QUEUE_FILE
 from specsweep import __version__
+from specsweep.crash_points import crash_point
 from specsweep.errors import ResultsError
 from workers import layout
 from workers.job import AttemptResult, JobSpec
@@ -95,11 +97,6 @@ def write_sweep_row(
     write_parquet_atomic(sweep_table([record]), layout.sweep_part_path(out, sweep_id))
 
 
-def is_committed(out: Path, sweep_id: str, job_id: str) -> bool:
-    """A job is committed iff its jobs row is in place."""
-    return layout.job_part_path(out, "jobs", sweep_id, job_id).exists()
-
-
 def commit_attempt(out: Path, sweep_id: str, result: AttemptResult, tables: tuple[str, ...]) -> None:
     """Move an attempt's ``tables`` into place, in ``layout.COMMIT_ORDER`` (the jobs row last)."""
     for table in (t for t in layout.COMMIT_ORDER if t in tables):
@@ -109,6 +106,7 @@ def commit_attempt(out: Path, sweep_id: str, result: AttemptResult, tables: tupl
         target = layout.job_part_path(out, table, sweep_id, result.job_id)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(source, target)
+        crash_point(f"commit:{table}")
 
 
 def commit_lost_attempt(out: Path, job: JobSpec, attempt: int, error_class: str, message: str) -> None:
@@ -121,6 +119,42 @@ def commit_lost_attempt(out: Path, job: JobSpec, attempt: int, error_class: str,
         facts=AttemptFacts(finished_unix_ns=time.time_ns()),
     )
     write_parquet_atomic(jobs_table([record]), layout.job_part_path(out, "jobs", job.sweep_id, job.job_id))
+    crash_point("commit:jobs")
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedRow:
+    """The verdict of a job's committed ``jobs`` row: which attempt wrote it and how that attempt ended."""
+
+    attempt: int
+    status: str  # done | failed
+    error_class: str | None
+    error_message: str | None
+
+
+def committed_row(out: Path, sweep_id: str, job_id: str) -> CommittedRow | None:
+    """The job's committed ``jobs`` row, or None when there is none (or it cannot be read: a file that
+    a rename put in place is whole, so an unreadable one was damaged later and is run again)."""
+    import pyarrow.parquet as pq
+
+    path = layout.job_part_path(out, "jobs", sweep_id, job_id)
+    if not path.exists():
+        return None
+    try:
+        (row,) = pq.read_table(
+            path, columns=["attempts", "status", "error_class", "error_message"]
+        ).to_pylist()
+    except (OSError, ValueError):
+        return None
+    return CommittedRow(row["attempts"], row["status"], row["error_class"], row["error_message"])
+
+
+def drop_uncommitted_parts(out: Path, sweep_id: str, job_id: str) -> None:
+    """Remove the requests/levels files of a job that has no successful commit (left by a driver that
+    died between the renames), so no reader ever pairs them with a later failed or missing jobs row."""
+    for table in layout.COMMIT_ORDER:
+        if table != "jobs":
+            layout.job_part_path(out, table, sweep_id, job_id).unlink(missing_ok=True)
 
 
 def median_client_delay_us(out: Path, sweep_id: str) -> tuple[float | None, float | None]:

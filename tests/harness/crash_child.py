@@ -1,0 +1,86 @@
+"""The child process of the crash-window tests (tests/harness/test_crash_windows.py).
+
+``python -m tests.harness.crash_child OUT SCENARIO RETRIES`` leases the next pending job of the sweep in
+OUT and settles one attempt of it through the driver's own code (harness.settle), as the driver does
+with a worker's answer. The parent sets SPECSWEEP_CRASH_AT so that this process dies (os._exit, as by
+kill -9) right after one rename or one queue transition.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from analysis.schema import jobs_table, levels_table, requests_table, write_parquet_atomic
+from harness.queue import JobQueue, Lease
+from harness.settle import Failure, settle_failure, settle_success
+from workers import layout
+from workers.job import AttemptResult, JobSpec
+from workers.records import AttemptFacts, job_record
+
+# scenario -> the error class of the attempt (None: success) and whether the worker answered at all
+SCENARIOS: dict[str, tuple[str | None, bool]] = {
+    "success": (None, True),
+    "final_failure": ("bad_args", True),  # deterministic: final at once, the worker's own jobs row
+    "lost_final": ("node_lost", False),  # no worker left: the driver writes the jobs row (retries 0)
+    "retry": ("crash", True),  # transient with retries left: back to pending, nothing committed
+}
+
+
+def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: str | None) -> AttemptResult:
+    """What a worker leaves for one attempt: its files under _attempts/ (all three tables on success,
+    only the jobs row on failure) and the result that names them."""
+    record = job_record(
+        job,
+        attempt=lease.attempt,
+        error_class=error_class,
+        error_message=f"{error_class} in the test" if error_class else None,
+        facts=AttemptFacts(node_host="node-test", finished_unix_ns=time.time_ns()),
+    )
+    tables = {"jobs": jobs_table([record])}
+    if error_class is None:
+        tables |= {"requests": requests_table([]), "levels": levels_table([])}
+    for table, data in tables.items():
+        write_parquet_atomic(data, layout.attempt_path(out, job.job_id, lease.attempt, table))
+    return AttemptResult(
+        job_id=job.job_id,
+        attempt=lease.attempt,
+        lease_token=lease.token,
+        error_class=error_class,
+        error_text=record.error_message,
+        log_tail=None,
+        node_host="node-test",
+        worker_s=0.1,
+    )
+
+
+def run_attempt(out: Path, queue: JobQueue, scenario: str, retries: int) -> str | None:
+    """Lease the next pending job and settle one attempt of it; the job's new state (None: none left)."""
+    lease = queue.lease(0, other_slots=False)
+    if lease is None:
+        return None
+    job = JobSpec.model_validate_json(lease.payload)
+    error_class, answered = SCENARIOS[scenario]
+    result = worker_answer(out, job, lease, error_class) if answered else None
+    if error_class is None:
+        assert result is not None
+        settle_success(out, queue, job, lease, result)
+    else:
+        failure = Failure(error_class, f"{error_class} in the test", None, result)
+        settle_failure(out, queue, job, lease, failure, retries=retries)
+    return next(j.state for j in queue.jobs() if j.id == job.job_id)
+
+
+def main(argv: list[str]) -> int:
+    out, scenario, retries = Path(argv[0]), argv[1], int(argv[2])
+    queue = JobQueue(out)
+    try:
+        run_attempt(out, queue, scenario, retries)
+    finally:
+        queue.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
