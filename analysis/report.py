@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.select import Interval, Selection
+from analysis.select import Interval, Selection, share_text
 
 if TYPE_CHECKING:
     import duckdb
@@ -107,7 +107,8 @@ def _header(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         f"<h1>specsweep report: {html.escape(selection.sweep_id)}</h1>"
         f"<p class='meta'>{html.escape(meta)}<br>generated {time.strftime('%Y-%m-%d %H:%M:%S')}; "
         f"ranked by {html.escape(selection.objective)} ({html.escape(selection.objective_unit)}, "
-        f"{selection.better} is better); SLOs: {html.escape(slos)}; 95% intervals from "
+        f"{selection.better} is better); SLOs: {html.escape(slos)}; error rate at most "
+        f"{share_text(selection.max_error_rate)}; 95% intervals from "
         f"{selection.replicates} bootstrap resamples of requests</p>{notes}"
     )
 
@@ -147,8 +148,8 @@ def _tables(selection: Selection) -> str:
         head = "".join(f"<th>{html.escape(n)}</th>" for n in slo_names)
         parts.append(
             f"<h3>{html.escape(level.load_level)}</h3><table><tr><th>#</th><th class='label'>config</th>"
-            f"<th>{html.escape(selection.objective)}</th><th>MAD</th><th>repeats</th><th>speedup</th>"
-            f"<th>95% CI</th>{head}<th>note</th></tr>"
+            f"<th>{html.escape(selection.objective)}</th><th>MAD</th><th>repeats</th><th>errors</th>"
+            f"<th>speedup</th><th>95% CI</th>{head}<th>note</th></tr>"
         )
         for r in level.ranked:
             note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
@@ -157,13 +158,15 @@ def _tables(selection: Selection) -> str:
             parts.append(
                 f"<tr class='{'tie' if r.tie else ''}'><td>{r.rank}</td>"
                 f"<td class='label'>{html.escape(r.config_label)}</td><td>{_fmt(r.objective)}</td>"
-                f"<td>{_fmt(r.objective_mad)}</td><td>{r.repeats}</td><td>{speedup}</td>"
+                f"<td>{_fmt(r.objective_mad)}</td><td>{r.repeats}</td><td>{share_text(r.error_rate)}</td>"
+                f"<td>{speedup}</td>"
                 f"<td>{_ci(r.speedup_ci)}</td>{cells}<td>{note}{' baseline' if r.is_baseline else ''}</td></tr>"
             )
         for e in level.excluded:
             parts.append(
                 f"<tr class='excluded'><td>-</td><td class='label'>{html.escape(e.config_label)}</td>"
-                f"<td colspan='{5 + len(slo_names)}' class='label'>excluded: "
+                f"<td colspan='3'></td><td>{share_text(e.error_rate)}</td>"
+                f"<td colspan='{2 + len(slo_names)}' class='label'>excluded: "
                 f"{html.escape('; '.join(e.reasons))}</td><td></td></tr>"
             )
         parts.append("</table>")

@@ -50,6 +50,10 @@ RATE_BINS = 16
 CELLS_PER_OCTAVE = 4  # closed-loop rate cells: within a cell values differ by < 19%
 DEFAULT_REPLICATES = 1000
 DEFAULT_OBJECTIVE = "output_tok_s_per_gpu"
+# A config whose failed requests exceed this share of a level (median over repeats) is not ranked there:
+# its throughput counts only the requests that worked, so a flaky config could otherwise win.
+DEFAULT_MAX_ERROR_RATE = 0.01
+ERROR_RATE = "error_rate"
 
 # Level columns that SLOs may name: every scalar metric plus SGLang's own accept length.
 SLO_METRICS: tuple[str, ...] = (*METRICS_BY_NAME, "server_accept_length")
@@ -82,6 +86,7 @@ class RankedConfig:
     speedup: float | None  # vs the baseline at this level; null without a baseline
     speedup_ci: Interval | None
     tie: bool  # objective interval overlaps the winner's (the winner itself: False)
+    error_rate: float | None  # failed requests / requests at this level, median over repeats
     slo_values: dict[str, float | None]
     launch_command: str | None
     sglang_argv: tuple[str, ...] | None
@@ -93,6 +98,7 @@ class ExcludedConfig:
 
     config_label: str
     reasons: tuple[str, ...]
+    error_rate: float | None  # failed requests / requests at this level, median over repeats
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,7 @@ class Selection:
     objective_unit: str
     better: str
     slos: tuple[str, ...]
+    max_error_rate: float
     replicates: int
     levels: tuple[LevelChoice, ...]
     notes: tuple[str, ...]
@@ -148,11 +155,19 @@ def select_best(
     replicates: int = DEFAULT_REPLICATES,
     seed: int = 0,
     allow_partial: bool = False,
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
 ) -> Selection:
-    """Rank configs per level; see the module docstring for the statistics."""
+    """Rank configs per level; see the module docstring for the statistics. A config whose error rate
+    at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason."""
     metric = _objective_metric(objective)
     if replicates < 100:
         raise ResultsError(f"--bootstrap {replicates} is too few for a 95% interval", fix="use at least 100")
+    if not 0.0 <= max_error_rate <= 1.0:
+        raise ResultsError(
+            f"--max-error-rate {max_error_rate:g} is not a share of requests",
+            where="--max-error-rate",
+            fix="use a value from 0 (no failed request allowed) to 1 (any)",
+        )
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
     runs_by_level = _load_runs(con, metric, slos)
@@ -180,7 +195,9 @@ def select_best(
     ranked_jobs = {run.job_id for runs in runs_by_level.values() for run in runs}
     resampler = _Resampler(con, metric, replicates, seed, requests_of_jobs(out, ranked_jobs))
     choices = tuple(
-        _choose_level(level, runs_by_level[level], metric, slos, baseline_label, resampler, notes)
+        _choose_level(
+            level, runs_by_level[level], metric, slos, baseline_label, resampler, notes, max_error_rate
+        )
         for level in levels
     )
     return Selection(
@@ -189,6 +206,7 @@ def select_best(
         objective_unit=metric.unit,
         better=metric.better or "higher",
         slos=tuple(str(s) for s in slos),
+        max_error_rate=max_error_rate,
         replicates=replicates,
         levels=choices,
         notes=tuple(notes),
@@ -251,7 +269,7 @@ def _load_runs(
     con: duckdb.DuckDBPyConnection, metric: Metric, slos: tuple[Slo, ...]
 ) -> dict[str, list[_Run]]:
     """Done jobs' level rows, keyed by load level."""
-    columns = sorted({metric.name, *(s.metric for s in slos)})
+    columns = sorted({metric.name, ERROR_RATE, *(s.metric for s in slos)})
     selected = ", ".join(f"r.{c}" for c in columns)
     rows = con.sql(
         f"SELECT r.load_level, r.job_id, r.config_label, r.effective_speculative_algorithm IS NULL, "
@@ -297,6 +315,7 @@ def _choose_level(
     baseline_label: str | None,
     resampler: _Resampler,
     notes: list[str],
+    max_error_rate: float,
 ) -> LevelChoice:
     by_config: dict[str, list[_Run]] = {}
     for run in runs:
@@ -308,6 +327,7 @@ def _choose_level(
     baseline_objective = _config_value(baseline_runs, metric.name) if baseline_runs else None
     qualified: list[tuple[str, list[_Run], float, dict[str, float | None]]] = []
     excluded: list[ExcludedConfig] = []
+    error_rates = {label: _config_value(config_runs, ERROR_RATE) for label, config_runs in by_config.items()}
     for label, config_runs in by_config.items():
         slo_values = {s.metric: _config_value(config_runs, s.metric) for s in slos}
         reasons = tuple(
@@ -315,11 +335,16 @@ def _choose_level(
             for s in slos
             if not s.holds(slo_values[s.metric])
         )
+        error_rate = error_rates[label]
+        if error_rate is not None and error_rate > max_error_rate:
+            reasons += (
+                f"error rate {error_rate:.1%} is above the limit {max_error_rate:.1%} (--max-error-rate)",
+            )
         objective = _config_value(config_runs, metric.name)
         if objective is None:
             reasons += (f"{metric.name} has no value (no successful requests)",)
         if reasons:
-            excluded.append(ExcludedConfig(label, reasons))
+            excluded.append(ExcludedConfig(label, reasons, error_rate))
         else:
             qualified.append((label, config_runs, objective, slo_values))  # type: ignore[arg-type]
     sign = -1.0 if metric.better == "lower" else 1.0
@@ -352,6 +377,7 @@ def _choose_level(
                 speedup=speedup,
                 speedup_ci=speedup_ci,
                 tie=rank > 1 and winner_ci is not None and objective_ci.overlaps(winner_ci),
+                error_rate=error_rates[label],
                 slo_values=slo_values,
                 launch_command=first.launch_command,
                 sglang_argv=first.sglang_argv,
@@ -395,6 +421,11 @@ def _speedup_interval(reps: np.ndarray, baseline_reps: np.ndarray, metric: Metri
 def _interval(replicates: np.ndarray) -> Interval:
     low, high = np.percentile(replicates, [2.5, 97.5])
     return Interval(float(low), float(high))
+
+
+def share_text(value: float | None) -> str:
+    """A share (an error rate) as a percentage, "-" when unknown."""
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _fmt(value: float | None) -> str:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags ``best`` and ``report`` share: which sweep, which SLOs, what to rank by."""
-    from analysis.select import DEFAULT_OBJECTIVE, DEFAULT_REPLICATES
+    from analysis.select import DEFAULT_MAX_ERROR_RATE, DEFAULT_OBJECTIVE, DEFAULT_REPLICATES
 
     parser.add_argument("out", type=Path, metavar="OUT", help="the sweep's output directory")
     parser.add_argument(
@@ -42,6 +42,14 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"bootstrap replicates (default {DEFAULT_REPLICATES})",
     )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=DEFAULT_MAX_ERROR_RATE,
+        metavar="SHARE",
+        help="a config whose failed requests exceed this share at a level is not ranked there "
+        f"(default {DEFAULT_MAX_ERROR_RATE:g}; 1 ranks every config)",
+    )
     parser.add_argument(
         "--allow-partial",
         action="store_true",
@@ -71,6 +79,7 @@ def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnec
         replicates=args.bootstrap,
         seed=args.seed,
         allow_partial=args.allow_partial,
+        max_error_rate=args.max_error_rate,
     )
     return con, selection
 
@@ -91,11 +100,13 @@ def _num(value: float | None, digits: int = 4) -> str:
 
 def format_selection(selection: Selection) -> str:
     """The human-readable ranking: one block per load level."""
+    from analysis.select import share_text
+
     slos = ", ".join(selection.slos) or "none"
     lines = [
         f"sweep {selection.sweep_id}: ranked by {selection.objective} ({selection.objective_unit}, "
-        f"{selection.better} is better); SLOs: {slos}; 95% intervals from {selection.replicates} "
-        "bootstrap resamples of requests",
+        f"{selection.better} is better); SLOs: {slos}; error rate at most {selection.max_error_rate:.1%}; "
+        f"95% intervals from {selection.replicates} bootstrap resamples of requests",
     ]
     for note in selection.notes:
         lines.append(f"note: {note}")
@@ -109,7 +120,10 @@ def format_selection(selection: Selection) -> str:
         lines.append(f"== {level.load_level}  ({base})")
         if not level.ranked:
             lines.append("   no config meets every SLO here")
-        header = f"   {'#':>2}  {'config':<22} {selection.objective:>22} {'MAD':>8} {'speedup':>8}  {'95% CI':<16} note"
+        header = (
+            f"   {'#':>2}  {'config':<22} {selection.objective:>22} {'MAD':>8} {'errors':>7} {'speedup':>8}  "
+            f"{'95% CI':<16} note"
+        )
         if level.ranked:
             lines.append(header)
         for r in level.ranked:
@@ -120,10 +134,12 @@ def format_selection(selection: Selection) -> str:
             speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
             lines.append(
                 f"   {r.rank:>2}  {r.config_label:<22} {_num(r.objective, 6):>22} {_num(r.objective_mad):>8} "
-                f"{speedup:>8}  {ci:<16} {note}"
+                f"{share_text(r.error_rate):>7} {speedup:>8}  {ci:<16} {note}"
             )
         for e in level.excluded:
-            lines.append(f"   excluded {e.config_label}: {'; '.join(e.reasons)}")
+            lines.append(
+                f"   excluded {e.config_label} (errors {share_text(e.error_rate)}): {'; '.join(e.reasons)}"
+            )
         if level.winner is not None:
             lines.append(f"   launch: {level.winner.launch_command or '(unknown)'}")
     return "\n".join(lines)
