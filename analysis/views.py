@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.layout import (
+    JOB_TABLES,
     attempted_job_ids,
     committed_job_ids,
     job_table_glob,
@@ -123,6 +124,39 @@ def connect(out: Path) -> duckdb.DuckDBPyConnection:
     con.execute(f"CREATE VIEW request_metrics AS {_REQUEST_METRICS_SQL}")
     con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")
     return con
+
+
+# What a read-only connection may run: queries (SELECT, FROM, WITH, DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN.
+READ_ONLY_STATEMENTS: tuple[str, ...] = ("SELECT", "EXPLAIN")
+
+
+def make_read_only(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+    """Confine a connection made by ``connect`` to reading the results: files outside the result tables
+    cannot be read or written, extensions cannot be installed or loaded, and the configuration is locked
+    so a query cannot undo it. Statements other than queries are refused by ``check_read_only``."""
+    tables = ["sweep", *JOB_TABLES]
+    roots = sorted({str(root / table) + "/" for root in (out, out.resolve()) for table in tables})
+    listed = ", ".join("'" + root.replace("'", "''") + "'" for root in roots)
+    con.execute(f"SET allowed_directories = [{listed}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
+
+
+def check_read_only(query: str) -> None:
+    """Refuse any statement that is not a query (COPY, ATTACH, INSTALL, LOAD, SET, CREATE, ...)."""
+    import duckdb
+
+    for statement in duckdb.extract_statements(query):
+        kind = statement.type.name
+        if kind not in READ_ONLY_STATEMENTS:
+            raise ResultsError(
+                f"{kind} statements are not allowed: `specsweep sql` only reads the results",
+                where="QUERY",
+                fix="use SELECT queries, or pass --unsafe for a full DuckDB (it can then read, write and "
+                "install anything the user can)",
+            )
 
 
 def _has_files(glob: str) -> bool:

@@ -1,7 +1,9 @@
 """``specsweep sql OUT ["QUERY"]``: DuckDB over a sweep's results; no query opens a small shell.
 
 The connection is in-memory and only reads the committed Parquet files, so it is safe to run next
-to a sweep that is still writing (it takes no lock and never opens ``queue.sqlite``).
+to a sweep that is still writing (it takes no lock and never opens ``queue.sqlite``). It is read-only:
+only queries run, files outside the result tables cannot be read or written and no extension can be
+installed or loaded (``analysis.views.make_read_only``); ``--unsafe`` gives a full DuckDB instead.
 """
 
 from __future__ import annotations
@@ -28,31 +30,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one SQL query over the views sweep, jobs, levels, requests, results, request_metrics, "
         "acceptance_by_position; without it, read queries from stdin (end each with ';')",
     )
-    parser.add_argument("--max-rows", type=int, default=100, help="rows to print (default 100)")
+    parser.add_argument(
+        "--max-rows", type=_row_count, default=100, metavar="N", help="rows to print (default 100)"
+    )
+    parser.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="a full DuckDB: any statement, any file the user can read or write, extensions "
+        "(default: read-only over the results)",
+    )
+
+
+def _row_count(text: str) -> int:
+    """--max-rows: a count of rows, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a row count (a whole number, 0 or more)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.views import connect
+    from analysis.views import connect, make_read_only
 
     con = connect(args.out)  # refuses a directory without results before any shell opens
+    if not args.unsafe:
+        make_read_only(con, args.out)
     try:
         if args.query is not None:
-            print(_run_query(con, args.query, args.max_rows))
+            print(_run_query(con, args.query, args.max_rows, unsafe=args.unsafe))
             return 0
-        return _shell(con, args.max_rows)
+        return _shell(con, args.max_rows, unsafe=args.unsafe)
     finally:
         con.close()
 
 
-def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int) -> str:
+def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool) -> str:
     """The query's result as a text table; a bad query is a user error, not a traceback."""
     import duckdb
 
+    from analysis.views import check_read_only
+
     try:
+        if not unsafe:
+            check_read_only(query)
         relation = con.sql(query)
         if relation is None:
             return "OK"
         return _format(relation.columns, relation.limit(max_rows + 1).fetchall(), max_rows)
+    except duckdb.PermissionException as err:
+        raise ResultsError(
+            f"query refused: {err}",
+            where="QUERY",
+            fix="`specsweep sql` reads only the results' views; pass --unsafe for a full DuckDB",
+        ) from None
     except duckdb.Error as err:
         raise ResultsError(
             f"query failed: {err}",
@@ -84,7 +117,7 @@ def _cell(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _shell(con: duckdb.DuckDBPyConnection, max_rows: int) -> int:
+def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool) -> int:
     """Read ';'-terminated queries from stdin until EOF; a failed query prints its error and goes on."""
     interactive = sys.stdin.isatty()
     if interactive:
@@ -103,7 +136,7 @@ def _shell(con: duckdb.DuckDBPyConnection, max_rows: int) -> int:
             query = "".join(buffer).strip().rstrip(";")
             buffer.clear()
             try:
-                print(_run_query(con, query, max_rows))
+                print(_run_query(con, query, max_rows, unsafe=unsafe))
             except ResultsError as err:
                 print(f"error: {err.problem}", file=sys.stderr)
                 status = 2
