@@ -20,6 +20,8 @@ Views (columns as documented in ``docs/results.md``):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,6 +126,23 @@ def connect(out: Path) -> duckdb.DuckDBPyConnection:
     con.execute(f"CREATE VIEW request_metrics AS {_REQUEST_METRICS_SQL}")
     con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")
     return con
+
+
+@contextmanager
+def readable_results(out: Path) -> Iterator[None]:
+    """Turn DuckDB's error on a damaged result file (truncated, not Parquet, wrong schema) into one
+    line naming it; the other files are untouched."""
+    import duckdb
+
+    try:
+        yield
+    except (duckdb.IOException, duckdb.InvalidInputException) as err:
+        first = str(err).strip().splitlines()[0]
+        raise ResultsError(
+            f"cannot read the results: {first}",
+            where=str(out),
+            fix="a result file is damaged: restore that file from a copy (the other files are intact)",
+        ) from None
 
 
 # What a read-only connection may run: queries (SELECT, FROM, WITH, DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN.

@@ -33,7 +33,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
 from harness.queue import JobQueue, Lease
-from harness.results import claim_output_dir, median_client_delay_us, write_sweep_row
+from harness.results import check_output_dir, claim_output_dir, median_client_delay_us, write_sweep_row
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
 from specsweep.errors import ClusterError
@@ -476,14 +476,15 @@ def run_sweep(
     """Run (or resume) a planned sweep into ``out``; see the module docstring."""
     if not plan.jobs:
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
+    check_output_dir(out)
     started_ray = _connect(ray_address, spec)
     try:
         with _file_lock(out):
             claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
-            queue = JobQueue(out)
-            lock = None
+            lock = _acquire_driver_lock(plan.sweep_id, out)  # before the queue: a refusal leaves no file
+            queue = None
             try:
-                lock = _acquire_driver_lock(plan.sweep_id, out)
+                queue = JobQueue(out)
                 created = _prepare_queue(queue, plan, out, progress)
                 write_sweep_row(
                     out, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created
@@ -501,9 +502,9 @@ def run_sweep(
                 queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
                 return summary
             finally:
-                if lock is not None:
-                    ray.kill(lock)
-                queue.close()
+                ray.kill(lock)
+                if queue is not None:
+                    queue.close()
     finally:
         if started_ray:
             ray.shutdown()

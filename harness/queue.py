@@ -12,10 +12,13 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from specsweep.crash_points import crash_point
+from specsweep.errors import ResultsError
 
 QUEUE_FILE = "queue.sqlite"
 JOB_STATES: tuple[str, ...] = ("pending", "leased", "done", "failed")
@@ -111,6 +114,20 @@ class AttemptRow:
     finished_ns: int | None
 
 
+@contextmanager
+def readable_queue(path: Path) -> Iterator[None]:
+    """Turn SQLite's "file is not a database" / "no such table" into one line naming the file."""
+    try:
+        yield
+    except sqlite3.DatabaseError as err:
+        raise ResultsError(
+            f"the sweep queue is damaged or empty ({err})",
+            where=str(path),
+            fix="restore OUT/queue.sqlite from a copy; the committed results in OUT are intact and "
+            "readable with `specsweep best/report/sql`",
+        ) from None
+
+
 def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
     if read_only:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, isolation_level=None)
@@ -128,8 +145,12 @@ class JobQueue:
     def __init__(self, out_dir: str | Path) -> None:
         self.path = Path(out_dir) / QUEUE_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = _connect(self.path, read_only=False)
-        self._conn.executescript(_SCHEMA)
+        with readable_queue(self.path):
+            if self.path.exists() and self.path.stat().st_size == 0:
+                raise sqlite3.DatabaseError("the file is empty")
+            self._conn = _connect(self.path, read_only=False)
+            self._conn.executescript(_SCHEMA)
+            read_counts(self._conn)
 
     def close(self) -> None:
         self._conn.close()

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.layout import committed_job_ids
 from analysis.schema import SweepRecord, jobs_table, sweep_table, write_parquet_atomic
 from harness.queue import QUEUE_FILE
 from specsweep import __version__
@@ -36,10 +37,35 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def check_output_dir(out: Path) -> None:
+    """Refuse, before any work, an output path that is a file or a directory this user cannot write."""
+    if out.exists() and not out.is_dir():
+        raise ResultsError(
+            "the output path is a file, not a directory", where=str(out), fix="pass a directory with --out"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / ".write-check", b"")
+        (out / ".write-check").unlink()
+    except OSError as err:
+        raise ResultsError(
+            f"cannot write to the output directory: {err.strerror}",
+            where=str(out),
+            fix="choose a writable directory with --out (or free space on its disk)",
+        ) from None
+
+
 def claim_output_dir(out: Path, sweep_id: str, spec_text: str, *, resume: bool) -> None:
     """Refuse an output directory that holds another sweep (or this one, without --resume); copy the spec."""
     spec_copy = out / layout.SPEC_COPY
     has_sweep = (out / QUEUE_FILE).exists()
+    if not has_sweep and committed_job_ids(out):
+        raise ResultsError(
+            "the output directory holds committed results but no sweep queue (queue.sqlite is missing); "
+            "running here would overwrite them",
+            where=str(out),
+            fix="restore OUT/queue.sqlite to resume, or choose another directory with --out",
+        )
     if has_sweep and not resume:
         raise ResultsError(
             "the output directory already holds a sweep",

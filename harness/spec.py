@@ -210,9 +210,15 @@ def load_spec(path: str | Path) -> tuple[SweepSpec, str]:
 
     spec_path = Path(path)
     try:
-        text = spec_path.read_text()
+        text = spec_path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"cannot read the spec: {err.strerror}", where=str(spec_path)) from None
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            f"the spec is not UTF-8 text (byte {err.start}: {err.reason})",
+            where=str(spec_path),
+            fix="save the file as UTF-8",
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

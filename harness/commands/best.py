@@ -66,21 +66,22 @@ def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnec
     """Open OUT and run the selection the flags ask for (shared with ``report``)."""
     from analysis.select import SLO_METRICS, select_best
     from analysis.slo import parse_slos
-    from analysis.views import connect
+    from analysis.views import connect, readable_results
 
     slos = parse_slos(args.slo, SLO_METRICS)
-    con = connect(args.out)
-    selection = select_best(
-        con,
-        args.out,
-        objective=args.objective,
-        slos=slos,
-        at=args.at,
-        replicates=args.bootstrap,
-        seed=args.seed,
-        allow_partial=args.allow_partial,
-        max_error_rate=args.max_error_rate,
-    )
+    with readable_results(args.out):
+        con = connect(args.out)
+        selection = select_best(
+            con,
+            args.out,
+            objective=args.objective,
+            slos=slos,
+            at=args.at,
+            replicates=args.bootstrap,
+            seed=args.seed,
+            allow_partial=args.allow_partial,
+            max_error_rate=args.max_error_rate,
+        )
     return con, selection
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.commands.base import Command
 from harness.commands.best import add_selection_arguments, selection_from_args
+from specsweep.errors import ResultsError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +24,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.report import render_report, write_report
+    from analysis.views import readable_results
 
+    target = args.output or args.out / "report.html"
+    if target.is_dir():  # found before the work, not after it
+        raise ResultsError(
+            "the report's target is a directory",
+            where=str(target),
+            fix="pass a file name, e.g. -o report.html",
+        )
     con, selection = selection_from_args(args)
     try:
-        html = render_report(con, selection)
+        with readable_results(args.out):
+            html = render_report(con, selection)
     finally:
         con.close()
-    target = write_report(html, args.output or args.out / "report.html")
+    try:
+        target = write_report(html, target)
+    except OSError as err:
+        raise ResultsError(
+            f"cannot write the report: {err.strerror}", where=str(target), fix="choose a writable -o FILE"
+        ) from None
     print(f"wrote {target}")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -65,9 +66,17 @@ def run(args: argparse.Namespace) -> int:
         f"-> {out}"
     )
     if summary.interrupted:
-        print(f"interrupted: continue with `specsweep run {args.spec} --out {out} --resume`", file=sys.stderr)
+        print(f"interrupted: continue with `{resume_command(args, out)}`", file=sys.stderr)
         return 130
     return 1 if counts["failed"] else 0
+
+
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The command that continues this sweep: the same spec, OUT and Ray address, plus --resume."""
+    argv = ["specsweep", "run", args.spec, "--out", str(out), "--resume"]
+    if args.ray_address != "auto":
+        argv += ["--ray-address", args.ray_address]
+    return shlex.join(argv)
 
 
 COMMAND = Command(

@@ -53,9 +53,10 @@ def _row_count(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.views import connect, make_read_only
+    from analysis.views import connect, make_read_only, readable_results
 
-    con = connect(args.out)  # refuses a directory without results before any shell opens
+    with readable_results(args.out):
+        con = connect(args.out)  # refuses a directory without results before any shell opens
     if not args.unsafe:
         make_read_only(con, args.out)
     try:

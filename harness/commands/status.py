@@ -5,9 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from harness.commands.base import Command
-from harness.queue import open_read_only, read_attempts, read_counts, read_jobs, read_meta
+from harness.queue import (
+    QUEUE_FILE,
+    open_read_only,
+    read_attempts,
+    read_counts,
+    read_jobs,
+    read_meta,
+    readable_queue,
+)
 from specsweep.errors import ResultsError
 
 
@@ -21,8 +30,9 @@ def run(args: argparse.Namespace) -> int:
             fix="pass the --out directory of a `specsweep run`",
         ) from None
     try:
-        counts, jobs, meta = read_counts(conn), read_jobs(conn), read_meta(conn)
-        attempts = read_attempts(conn)
+        with readable_queue(Path(args.out) / QUEUE_FILE):
+            counts, jobs, meta = read_counts(conn), read_jobs(conn), read_meta(conn)
+            attempts = read_attempts(conn)
     finally:
         conn.close()
     if args.json:

@@ -1,0 +1,114 @@
+"""User mistakes and damaged state end in one line naming the problem and the fix (exit 2), never a
+traceback, found before any long work, and nothing half-written."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.synthetic import standard_sweep, write_sweep
+from harness.cli import main
+from harness.commands.run import resume_command
+from harness.queue import QUEUE_FILE, JobQueue
+from harness.results import claim_output_dir
+from specsweep.errors import ResultsError
+
+SPEC = {
+    "engine": "sim",
+    "model_path": "/nonexistent/target",
+    "load": {"concurrency": [1], "requests_per_level": 2},
+}
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("specsweep ")
+    for needle in needles:
+        assert needle in err
+    return err
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"this is not an SQLite database at all" * 100], ids=["empty", "garbage"]
+)
+def test_status_names_the_queue_when_queue_sqlite_is_damaged(
+    content: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status` on an empty or corrupt queue.sqlite: exit 2, naming the file; a resume refuses it alike."""
+    (tmp_path / QUEUE_FILE).write_bytes(content)
+    assert main(["status", str(tmp_path)]) == 2
+    one_line_error(capsys, QUEUE_FILE, "damaged or empty")
+    with pytest.raises(ResultsError, match="damaged or empty"):
+        JobQueue(tmp_path)
+    assert (tmp_path / QUEUE_FILE).read_bytes() == content  # left as it was
+
+
+def test_run_names_the_encoding_when_the_spec_is_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Latin-1 spec is refused with the byte position, not a UnicodeDecodeError."""
+    spec = tmp_path / "sweep.yaml"
+    spec.write_bytes(yaml.safe_dump(SPEC).encode() + b"output_dir: caf\xe9\n")  # Latin-1 e-acute
+    assert main(["run", str(spec), "--no-validate"]) == 2
+    one_line_error(capsys, "not UTF-8", str(spec))
+
+
+@pytest.mark.parametrize("kind", ["file", "unwritable"])
+def test_run_refuses_the_output_path_before_ray_when_it_cannot_hold_results(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run --out FILE` and an OUT that cannot be created are refused at once (no Ray started)."""
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    out = tmp_path / "a-file" if kind == "file" else Path("/proc/specsweep-cannot-exist/out")
+    if kind == "file":
+        out.write_text("not a directory")
+    assert main(["run", str(spec), "--no-validate", "--out", str(out), "--ray-address", "local"]) == 2
+    one_line_error(capsys, str(out), "--out")
+
+
+def test_report_refuses_a_directory_target_before_the_work_when_o_is_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report -o DIR` fails in a moment, naming the directory, instead of after the whole analysis."""
+    out = tmp_path / "out"
+    write_sweep(out, standard_sweep(requests_per_level=20, concurrencies=(1,)))
+    assert main(["report", str(out), "-o", str(tmp_path)]) == 2
+    one_line_error(capsys, "is a directory", "-o report.html")
+
+
+@pytest.mark.parametrize("command", ["best", "report", "sql"])
+def test_analysis_names_the_file_when_a_result_file_is_truncated(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated levels file: one line naming it, exit 2, no report written."""
+    out = tmp_path / "out"
+    write_sweep(out, standard_sweep(requests_per_level=20, concurrencies=(1,)))
+    damaged = sorted(out.glob("levels/*/*/part-0.parquet"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    argv = {"best": ["best", str(out)], "report": ["report", str(out)], "sql": ["sql", str(out), "SELECT 1"]}
+    assert main(argv[command]) == 2
+    one_line_error(capsys, str(damaged), "damaged")
+    assert not (out / "report.html").exists()
+
+
+def test_claim_refuses_to_overwrite_results_when_the_queue_was_deleted(tmp_path: Path) -> None:
+    """Committed results without queue.sqlite: a plain run (or a resume) is refused, nothing written."""
+    write_sweep(tmp_path, standard_sweep(requests_per_level=20, concurrencies=(1,)))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for resume in (False, True):
+        with pytest.raises(ResultsError, match="no sweep queue"):
+            claim_output_dir(tmp_path, "synthetic", "spec: 1\n", resume=resume)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(("address", "tail"), [("local", " --ray-address local"), ("auto", "")])
+def test_resume_hint_keeps_the_ray_address_when_one_was_given(address: str, tail: str) -> None:
+    """The printed resume command repeats --ray-address (a plain resume of a local run would look for a
+    cluster and fail)."""
+    args = argparse.Namespace(spec="my sweep.yaml", ray_address=address)
+    hint = resume_command(args, Path("out dir"))
+    assert hint == f"specsweep run 'my sweep.yaml' --out 'out dir' --resume{tail}"
