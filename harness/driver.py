@@ -36,9 +36,10 @@ from harness.queue import JobQueue, Lease
 from harness.results import check_output_dir, claim_output_dir, median_client_delay_us, write_sweep_row
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
+from specsweep.error_classes import ErrorClass
 from specsweep.errors import ClusterError
 from workers.job import AttemptResult, JobSpec
-from workers.node_actor import NodeWorker
+from workers.node.actor import NodeWorker
 from workers.sglang import SGLANG_VERSION
 
 log = logging.getLogger(__name__)
@@ -149,10 +150,10 @@ def _acquire_driver_lock(sweep_id: str, out: Path) -> Any:
     name = f"specsweep-driver-{sweep_id}"
     holder = f"{socket.gethostname()}:{out.resolve()}"
     try:
-        lock = DriverLock.options(name=name, namespace=NAMESPACE).remote(holder)
+        lock = DriverLock.options(name=name, namespace=NAMESPACE).remote(holder)  # type: ignore[attr-defined]
         ray.get(lock.holder.remote())
     except ValueError as err:  # the name is taken: another driver holds the sweep
-        other = ray.get(ray.get_actor(name, namespace=NAMESPACE).holder.remote())
+        other = str(ray.get(ray.get_actor(name, namespace=NAMESPACE).holder.remote()))
         raise ClusterError(
             f"another driver is running sweep {sweep_id} on this cluster (held by {other})",
             fix="wait for it to finish, or stop it (ray job stop) before starting another",
@@ -164,7 +165,7 @@ def _cluster_gpus() -> list[tuple[str, float, float]]:
     """(node address, GPUs, CPUs) of every alive node."""
     return [
         (node["NodeManagerAddress"], node["Resources"].get("GPU", 0.0), node["Resources"].get("CPU", 0.0))
-        for node in ray.nodes()
+        for node in ray.nodes()  # type: ignore[no-untyped-call]
         if node["Alive"]
     ]
 
@@ -224,7 +225,7 @@ class Driver:
 
     def _create_slots(self) -> None:
         pending = self.queue.counts()["pending"]
-        count = max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, pending))
+        count = int(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, pending)))
         bundle = {"GPU": float(self.spec.gpus_per_server), "CPU": float(self.spec.cpus_per_server)}
         for index in range(count):
             slot = Slot(index=index, group=placement_group([bundle], strategy="STRICT_PACK"))
@@ -354,18 +355,20 @@ class Driver:
         try:
             result: AttemptResult = ray.get(ref)
         except RayActorError as err:
-            self._worker_lost(slot, "node_lost", f"worker lost: {type(err).__name__}: {err}")
+            self._worker_lost(slot, ErrorClass.NODE_LOST, f"worker lost: {type(err).__name__}: {err}")
             return
         except RayTaskError as err:
             self._free(slot)
-            self._record_failure(lease, job, Failure("worker_error", str(err)[-2000:], None, None))
+            self._record_failure(lease, job, Failure(ErrorClass.WORKER_ERROR, str(err)[-2000:], None, None))
             return
         self._free(slot)
-        if result.error_class == "cancelled":
+        if result.error_class == ErrorClass.CANCELLED:
             self.queue.release(lease, "stopped by the driver")
             return
         if not result.ok:
-            failure = Failure(result.error_class or "crash", result.error_text or "", result.log_tail, result)
+            failure = Failure(
+                result.error_class or ErrorClass.CRASH, result.error_text or "", result.log_tail, result
+            )
             self._record_failure(lease, job, failure)
             return
         if not settle_success(self.out, self.queue, job, lease, result):
@@ -380,7 +383,7 @@ class Driver:
         slot.deadline = math.inf
         slot.set_state("idle")
 
-    def _worker_lost(self, slot: Slot, error_class: str, message: str) -> None:
+    def _worker_lost(self, slot: Slot, error_class: ErrorClass, message: str) -> None:
         """The worker (or its node) is gone or hung: fail the attempt, replace the worker."""
         lease, job = slot.lease, slot.job
         self.progress.event(f"slot {slot.index} ({slot.node}): {message}")
@@ -406,7 +409,7 @@ class Driver:
         for slot in self.slots:
             if slot.state == "busy" and now > slot.deadline:
                 self._worker_lost(
-                    slot, "attempt_timeout", "the worker did not answer within the job's time limits"
+                    slot, ErrorClass.ATTEMPT_TIMEOUT, "the worker did not answer within the job's time limits"
                 )
 
     def _stop(self, reason: str) -> None:

@@ -271,7 +271,7 @@ def plan_with_local_configs(
     if draft is None:
         _require_local_drafter(spec)
     if draft is None and spec.drafter is not None and _local_dir(spec.drafter.path):
-        from workers.node_actor import converted_drafter
+        from workers.convert.cache import converted_drafter
 
         draft = str(converted_drafter(spec.drafter, spec.model_path))
     python = sglang_python

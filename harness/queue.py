@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specsweep.crash_points import crash_point
+from specsweep.error_classes import ErrorClass
 from specsweep.errors import ResultsError
 
 QUEUE_FILE = "queue.sqlite"
@@ -239,7 +240,7 @@ class JobQueue:
         self,
         lease: Lease,
         *,
-        error_class: str,
+        error_class: ErrorClass,
         error_text: str,
         log_tail: str | None,
         node: str | None,
@@ -355,7 +356,7 @@ class JobQueue:
 
     def attempts_of(self, job_id: str) -> int:
         """Attempts of ``job_id`` so far (the number of its latest lease)."""
-        return self._conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+        return int(self._conn.execute("SELECT attempts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
 
     def event(self, kind: str, detail: str, job_id: str | None = None) -> None:
         """Record something that happened to the sweep (slot lost, driver stopped, ...)."""
@@ -371,7 +372,7 @@ class JobQueue:
 
     def failures(self, job_id: str) -> int:
         """Failed attempts of ``job_id`` so far."""
-        return self._conn.execute("SELECT failures FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+        return int(self._conn.execute("SELECT failures FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
 
     def ids_in(self, state: str) -> list[str]:
         rows = self._conn.execute("SELECT id FROM jobs WHERE state = ? ORDER BY position", (state,))

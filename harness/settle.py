@@ -21,19 +21,17 @@ are. A row counts only when it belongs to the job's latest attempt.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis import layout
 from harness.queue import JobQueue, Lease
-from harness.results import (
-    commit_attempt,
-    commit_lost_attempt,
-    committed_row,
-    drop_uncommitted_parts,
-)
+from harness.results import commit_attempt, commit_jobs_row, committed_row, drop_uncommitted_parts
 from harness.retry import allowed_failures
-from workers import layout
+from specsweep.error_classes import ErrorClass
 from workers.job import AttemptResult, JobSpec
+from workers.node.records import AttemptFacts, job_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +39,7 @@ class Failure:
     """How an attempt failed; ``result`` is the worker's answer when there was one (it holds the worker's
     own jobs row), None when the worker or its node was lost."""
 
-    error_class: str
+    error_class: ErrorClass
     message: str
     log_tail: str | None
     result: AttemptResult | None
@@ -72,7 +70,15 @@ def settle_failure(
         if failure.result is not None:
             commit_attempt(out, job.sweep_id, failure.result, ("jobs",))
         else:
-            commit_lost_attempt(out, job, lease.attempt, failure.error_class, failure.message)
+            lost = AttemptFacts(finished_unix_ns=time.time_ns())
+            record = job_record(
+                job,
+                attempt=lease.attempt,
+                error_class=failure.error_class,
+                error_message=failure.message,
+                facts=lost,
+            )
+            commit_jobs_row(out, record)
     return queue.fail(
         lease,
         error_class=failure.error_class,
@@ -96,7 +102,7 @@ def settle_leftovers(queue: JobQueue, out: Path, sweep_id: str) -> None:
         else:
             queue.mark_failed(
                 job_id,
-                error_class=row.error_class or "crash",
+                error_class=row.error_class or ErrorClass.CRASH,
                 error_text=row.error_message or "",
                 reason="its final failure was committed before the previous driver stopped",
             )

@@ -10,6 +10,8 @@ from pathlib import Path
 from harness.commands.base import Command
 from harness.queue import (
     QUEUE_FILE,
+    AttemptRow,
+    JobRow,
     open_read_only,
     read_attempts,
     read_counts,
@@ -48,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(sweep_id: str | None, counts: dict[str, int], jobs: list, attempts: list) -> None:
+def _print(
+    sweep_id: str | None, counts: dict[str, int], jobs: list[JobRow], attempts: list[AttemptRow]
+) -> None:
     from rich.console import Console
     from rich.table import Table
 

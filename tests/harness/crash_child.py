@@ -12,23 +12,24 @@ import sys
 import time
 from pathlib import Path
 
+from analysis import layout
 from analysis.schema import jobs_table, levels_table, requests_table, write_parquet_atomic
 from harness.queue import JobQueue, Lease
 from harness.settle import Failure, settle_failure, settle_success
-from workers import layout
+from specsweep.error_classes import ErrorClass
 from workers.job import AttemptResult, JobSpec
-from workers.records import AttemptFacts, job_record
+from workers.node.records import AttemptFacts, job_record
 
 # scenario -> the error class of the attempt (None: success) and whether the worker answered at all
-SCENARIOS: dict[str, tuple[str | None, bool]] = {
+SCENARIOS: dict[str, tuple[ErrorClass | None, bool]] = {
     "success": (None, True),
-    "final_failure": ("bad_args", True),  # deterministic: final at once, the worker's own jobs row
-    "lost_final": ("node_lost", False),  # no worker left: the driver writes the jobs row (retries 0)
-    "retry": ("crash", True),  # transient with retries left: back to pending, nothing committed
+    "final_failure": (ErrorClass.BAD_ARGS, True),  # deterministic: final at once, the worker's own jobs row
+    "lost_final": (ErrorClass.NODE_LOST, False),  # no worker left: the driver writes the row (retries 0)
+    "retry": (ErrorClass.CRASH, True),  # transient with retries left: back to pending, nothing committed
 }
 
 
-def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: str | None) -> AttemptResult:
+def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: ErrorClass | None) -> AttemptResult:
     """What a worker leaves for one attempt: its files under _attempts/ (all three tables on success,
     only the jobs row on failure) and the result that names them."""
     record = job_record(

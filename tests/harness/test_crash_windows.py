@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from analysis import layout
 from harness.driver import _prepare_queue
 from harness.plan import Plan, unchecked_plan
 from harness.progress import LogProgress
@@ -27,7 +28,6 @@ from harness.queue import AttemptRow, JobQueue, open_read_only, read_attempts
 from harness.spec import parse_spec
 from specsweep.crash_points import CRASH_ENV, CRASH_EXIT_CODE
 from tests.harness.crash_child import run_attempt
-from workers import layout
 
 REPO = Path(__file__).resolve().parents[2]
 
