@@ -155,7 +155,16 @@ class Timeouts(StrictModel):
     startup_s: PositiveFloat = Field(
         default=1800.0, description="Seconds from launch until /health answers 200 (model load, CUDA graphs)."
     )
-    level_s: PositiveFloat = Field(default=3600.0, description="Upper bound in seconds for one load level.")
+    level_s: PositiveFloat = Field(
+        default=3600.0,
+        description="Upper bound in seconds for one load level's wall time: past it the node worker stops "
+        "the server and the attempt fails as level_timeout (retried like a crash).",
+    )
+    request_s: PositiveFloat = Field(
+        default=600.0,
+        description="Whole-request timeout of the load generator: one request's wait from send to its last "
+        "token (separate from level_s).",
+    )
     stop_s: PositiveFloat = Field(
         default=60.0, description="Seconds between SIGTERM to the server's process group and SIGKILL."
     )

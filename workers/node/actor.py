@@ -52,6 +52,7 @@ from workers.node.launcher import (
 )
 from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
 from workers.node.records import AttemptFacts, job_record
+from workers.node.watch import LevelWatch
 from workers.sglang import SpecParams, api
 from workers.sglang.rules import normalize_algorithm
 
@@ -203,10 +204,12 @@ class NodeWorker:
         workload = job.load.workload.model_copy(update={"seed": job.seed})
         requests: list[RequestRecord] = []
         levels: list[LevelRecord] = []
-        for level in job.load.levels(seed=job.seed, request_timeout_s=min(600.0, job.timeouts.level_s)):
+        for level in job.load.levels(seed=job.seed, request_timeout_s=job.timeouts.request_s):
             self._check_cancel()
-            result = run_load(server.url, level, workload)
+            with LevelWatch(server, job.timeouts.level_s, job.timeouts.stop_s) as watch:
+                result = run_load(server.url, level, workload)
             self._check_cancel()
+            watch.raise_if_ended()
             self._check_alive(server)
             info = self._server_info(server)
             requests.extend(result.records)
