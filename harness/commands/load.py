@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from harness.commands.base import Command
-from specsweep.errors import WorkloadError
+from specsweep.errors import ResultsError, WorkloadError
 
 if TYPE_CHECKING:
     from workers.job import LoadLevel
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(workload, JsonlPromptsWorkload):
         workload.prompts()  # a bad prompts file fails here, before any request is sent
     out = Path(args.out)
+    check_output_file(out)  # before the load, not after it
     result = run_load(args.url, level, workload)
     table = requests_table(result.records)
     run_info = {
@@ -143,6 +144,17 @@ def run(args: argparse.Namespace) -> int:
         print("interrupted: the records made until then were written", file=sys.stderr)
         return 130
     return 0
+
+
+def check_output_file(out: Path) -> None:
+    """Refuse an --out that is a directory or cannot be written, before any request is sent."""
+    from harness.results import check_output_dir
+
+    if out.is_dir():
+        raise ResultsError(
+            "--out is a directory", where=str(out), fix="pass a file name, e.g. --out records.parquet"
+        )
+    check_output_dir(out.parent)
 
 
 def _print_summary(result: LoadResult, out: Path) -> None:

@@ -177,6 +177,8 @@ async def _send(
         )
     except SSEFormatError as err:
         error = ("malformed_sse", str(err))
+    except StreamError as err:  # a chunk that cannot be true (invalid_response)
+        error = (err.error_type, str(err))
     except (aiohttp.ClientError, OSError, ValueError) as err:
         error = ("client_error", f"{type(err).__name__}: {err}")
     end_ns = time.perf_counter_ns()

@@ -19,6 +19,13 @@ from workers.load.sse import SSEEvent, int_field
 from workers.sglang import api
 
 _COMPLETION_TOKENS_KEY = f'"{api.META_COMPLETION_TOKENS}"'.encode()
+INVALID_RESPONSE = "invalid_response"  # error_type of a response with a field we cannot store as sent
+# Bounds of what a server may report for one request; past them the value is a server bug (or hostile),
+# and storing it would corrupt the tables (or, for token counts, grow per-token lists without limit).
+MAX_TOKENS = 1 << 22  # prompt or completion tokens of one request (4M: above any context length)
+MAX_HISTOGRAM_BINS = 4096  # one bin per accepted-draft count: far above any draft-token setting
+MAX_ACCEPT_LENGTH = 4096.0
+MAX_FINISH_REASON_CHARS = 64
 _SERVER_SEND_NS_KEY = f'"{api.SIM_SEND_NS}"'.encode()
 
 
@@ -89,6 +96,12 @@ class ResponseStream:
             if total is None or total <= self._completion_tokens:
                 self._tail.append(payload)
                 continue
+            if total > MAX_TOKENS:
+                raise StreamError(
+                    INVALID_RESPONSE,
+                    f"{api.META_COMPLETION_TOKENS} jumped to {total} (after {self._completion_tokens}); at most "
+                    f"{MAX_TOKENS} are believable",
+                )
             self.chunk_arrival_ns.append(first_byte_ns)
             self.chunk_tokens.append(total - self._completion_tokens)
             self._completion_tokens = total
@@ -100,12 +113,20 @@ class ResponseStream:
                 self._tail.append(payload)
 
     def final_stats(self) -> FinalStats:
-        """Decode the tail chunks; raises ``StreamError`` for an error event or undecodable JSON."""
+        """Decode the tail chunks; raises ``StreamError`` for an error event, undecodable JSON or a field
+        that cannot be true (``invalid_response``: wrong type, out of range, fewer tokens than streamed)."""
         objects = [_decode(payload) for payload in self._tail]
         for obj in objects:
             if "error" in obj:
                 raise StreamError("server_error", _error_message(obj["error"]))
-        return _chat_stats(objects) if self._chat else _generate_stats(objects)
+        stats = _chat_stats(objects) if self._chat else _generate_stats(objects)
+        if stats.completion_tokens is not None and stats.completion_tokens < self._completion_tokens:
+            raise StreamError(
+                INVALID_RESPONSE,
+                f"final {api.META_COMPLETION_TOKENS} {stats.completion_tokens} is below the "
+                f"{self._completion_tokens} tokens streamed",
+            )
+        return stats
 
 
 def _decode(payload: bytes) -> dict[str, Any]:
@@ -161,16 +182,52 @@ def _finish_type(reason: object) -> str | None:
 
 
 def _stats_from(counts: dict[str, Any], spec: dict[str, Any], finish: str | None) -> FinalStats:
-    """FinalStats from the object with token counts and the one with ``spec_*`` fields."""
-    verify_ct = spec.get(api.SPEC_VERIFY_CT) or None  # SGLang's sglext reports 0 when not speculating
+    """FinalStats from the object with token counts and the one with ``spec_*`` fields, each value checked
+    (``StreamError(invalid_response)`` naming the field otherwise)."""
+    verify_ct = _count(spec, api.SPEC_VERIFY_CT) or None  # SGLang's sglext reports 0 when not speculating
+    if finish is not None and (not isinstance(finish, str) or len(finish) > MAX_FINISH_REASON_CHARS):
+        raise StreamError(INVALID_RESPONSE, f"finish reason {str(finish)[:80]!r} is not a short string")
     return FinalStats(
-        prompt_tokens=counts.get(api.META_PROMPT_TOKENS),
-        completion_tokens=counts.get(api.META_COMPLETION_TOKENS),
+        prompt_tokens=_count(counts, api.META_PROMPT_TOKENS),
+        completion_tokens=_count(counts, api.META_COMPLETION_TOKENS),
         finish_reason=finish,
         spec_verify_ct=verify_ct,
-        spec_accept_length=spec.get(api.SPEC_ACCEPT_LENGTH) if verify_ct else None,
-        spec_accept_rate=spec.get(api.SPEC_ACCEPT_RATE) if verify_ct else None,
-        spec_num_correct_drafts=spec.get(api.SPEC_NUM_CORRECT_DRAFTS) if verify_ct else None,
-        spec_num_proposed_drafts=spec.get(api.SPEC_NUM_PROPOSED_DRAFTS) if verify_ct else None,
-        spec_correct_drafts_histogram=spec.get(api.SPEC_CORRECT_DRAFTS_HISTOGRAM) if verify_ct else None,
+        spec_accept_length=_number(spec, api.SPEC_ACCEPT_LENGTH, MAX_ACCEPT_LENGTH) if verify_ct else None,
+        spec_accept_rate=_number(spec, api.SPEC_ACCEPT_RATE, 1.0) if verify_ct else None,
+        spec_num_correct_drafts=_count(spec, api.SPEC_NUM_CORRECT_DRAFTS) if verify_ct else None,
+        spec_num_proposed_drafts=_count(spec, api.SPEC_NUM_PROPOSED_DRAFTS) if verify_ct else None,
+        spec_correct_drafts_histogram=_histogram(spec) if verify_ct else None,
     )
+
+
+def _count(source: dict[str, Any], key: str) -> int | None:
+    """A token or step count: an integer from 0 to MAX_TOKENS, or absent."""
+    value = source.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+        raise StreamError(INVALID_RESPONSE, f"{key} = {value!r:.80} is not a count from 0 to {MAX_TOKENS}")
+    return value
+
+
+def _number(source: dict[str, Any], key: str, high: float) -> float | None:
+    """A finite number from 0 to ``high``, or absent."""
+    value = source.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= high:
+        raise StreamError(INVALID_RESPONSE, f"{key} = {value!r:.80} is not a number from 0 to {high:g}")
+    return float(value)
+
+
+def _histogram(source: dict[str, Any]) -> list[int] | None:
+    """Counts per number of accepted drafts: a bounded list of counts, or absent."""
+    value = source.get(api.SPEC_CORRECT_DRAFTS_HISTOGRAM)
+    if value is None:
+        return None
+    key = api.SPEC_CORRECT_DRAFTS_HISTOGRAM
+    if not isinstance(value, list) or len(value) > MAX_HISTOGRAM_BINS:
+        raise StreamError(
+            INVALID_RESPONSE, f"{key} is not a list of at most {MAX_HISTOGRAM_BINS} counts: {str(value)[:80]}"
+        )
+    return [_count({key: bin_count}, key) or 0 for bin_count in value]
