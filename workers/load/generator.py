@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -338,7 +338,8 @@ async def _closed_loop(
                 return
 
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
-    await _finish(tasks, ctx.level, deadline_abs_ns)
+    async with _cut_off_when_stopped(tasks):
+        await _finish(tasks, ctx.level, deadline_abs_ns)
 
 
 async def _open_loop(
@@ -361,17 +362,32 @@ async def _open_loop(
             if slots is not None:
                 slots.release()
 
-    for prep, offset in zip(requests, offsets_ns, strict=False):
-        scheduled = ctx.t0_ns + offset
-        if deadline_abs_ns is not None and scheduled >= deadline_abs_ns:
-            break
-        await _sleep_until(scheduled)
-        if slots is not None:
-            await slots.acquire()
-        task = asyncio.create_task(one(prep, scheduled))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    await _finish(list(tasks), ctx.level, deadline_abs_ns)
+    async with _cut_off_when_stopped(tasks):
+        for prep, offset in zip(requests, offsets_ns, strict=False):
+            scheduled = ctx.t0_ns + offset
+            if deadline_abs_ns is not None and scheduled >= deadline_abs_ns:
+                break
+            await _sleep_until(scheduled)
+            if slots is not None:
+                await slots.acquire()
+            task = asyncio.create_task(one(prep, scheduled))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await _finish(list(tasks), ctx.level, deadline_abs_ns)
+
+
+@contextlib.asynccontextmanager
+async def _cut_off_when_stopped(tasks: Iterable[asyncio.Task[None]]) -> AsyncIterator[None]:
+    """On Ctrl-C (the run's task is cancelled) cancel the requests in flight and wait for them while the
+    session is still open, so each becomes a ``cut_off`` record, not a ``connection_reset`` one."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        in_flight = list(tasks)
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        raise
 
 
 async def _sleep_until(abs_ns: int) -> None:
