@@ -10,11 +10,22 @@ from pathlib import Path
 from harness.commands.base import Command
 
 
+def _node_count(text: str) -> int:
+    """--nodes: at least one simulated node (with none, no server slot could ever be placed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node count (a whole number, 1 or more)")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("results/demo"), help="results directory (default: results/demo)"
     )
-    parser.add_argument("--nodes", type=int, default=2, help="simulated 8-GPU nodes (default: 2)")
+    parser.add_argument("--nodes", type=_node_count, default=2, help="simulated 8-GPU nodes (default: 2)")
 
 
 def _print_winners(out: Path) -> None:

@@ -112,3 +112,14 @@ def test_resume_hint_keeps_the_ray_address_when_one_was_given(address: str, tail
     args = argparse.Namespace(spec="my sweep.yaml", ray_address=address)
     hint = resume_command(args, Path("out dir"))
     assert hint == f"specsweep run 'my sweep.yaml' --out 'out dir' --resume{tail}"
+
+
+@pytest.mark.parametrize("nodes", ["0", "-2", "two"])
+def test_demo_refuses_at_once_when_nodes_is_not_a_positive_count(
+    nodes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`demo --nodes 0` is a usage error (exit 2) at once, not a 300 s wait for a placement that cannot
+    happen followed by "set gpus_per_server to at most 0"."""
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--nodes", nodes])
+    assert exited.value.code == 2 and "node count" in capsys.readouterr().err
