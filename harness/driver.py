@@ -40,6 +40,7 @@ from specsweep.error_classes import ErrorClass
 from specsweep.errors import ClusterError
 from workers.job import AttemptResult, JobSpec
 from workers.node.actor import NodeWorker
+from workers.node.records import AttemptFacts, job_record
 from workers.sglang import SGLANG_VERSION
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,18 @@ class DriverLock:
 
     def holder(self) -> str:
         return self._holder
+
+
+def lost_attempt(job: JobSpec, lease: Lease, error_class: ErrorClass, message: str) -> Failure:
+    """A failed attempt no worker answered for (worker or node lost): the driver builds its jobs row."""
+    record = job_record(
+        job,
+        attempt=lease.attempt,
+        error_class=error_class,
+        error_message=message,
+        facts=AttemptFacts(finished_unix_ns=time.time_ns()),
+    )
+    return Failure(error_class, message, None, None, lost_record=record)
 
 
 @dataclass
@@ -359,7 +372,9 @@ class Driver:
             return
         except RayTaskError as err:
             self._free(slot)
-            self._record_failure(lease, job, Failure(ErrorClass.WORKER_ERROR, str(err)[-2000:], None, None))
+            self._record_failure(
+                lease, job, lost_attempt(job, lease, ErrorClass.WORKER_ERROR, str(err)[-2000:])
+            )
             return
         self._free(slot)
         if result.error_class == ErrorClass.CANCELLED:
@@ -390,7 +405,7 @@ class Driver:
         self.queue.event("slot_lost", f"slot {slot.index} on {slot.node}: {message}")
         self._replace_worker(slot)
         if lease is not None and job is not None:
-            self._record_failure(lease, job, Failure(error_class, message, None, None))
+            self._record_failure(lease, job, lost_attempt(job, lease, error_class, message))
 
     def _record_failure(self, lease: Lease, job: JobSpec, failure: Failure) -> None:
         """Apply the retry policy (see harness.settle: a final failure's jobs row, then the state)."""

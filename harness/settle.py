@@ -21,28 +21,33 @@ are. A row counts only when it belongs to the job's latest attempt.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import layout
+from analysis.schema import JobRecord
 from harness.queue import JobQueue, Lease
 from harness.results import commit_attempt, commit_jobs_row, committed_row, drop_uncommitted_parts
 from harness.retry import allowed_failures
 from specsweep.error_classes import ErrorClass
 from workers.job import AttemptResult, JobSpec
-from workers.node.records import AttemptFacts, job_record
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """How an attempt failed; ``result`` is the worker's answer when there was one (it holds the worker's
-    own jobs row), None when the worker or its node was lost."""
+    """How an attempt failed. ``result`` is the worker's answer when there was one (it holds the worker's
+    own jobs row); when the worker or its node was lost, ``lost_record`` is the jobs row the driver built
+    for the attempt (the driver alone knows the node wing that builds it)."""
 
     error_class: ErrorClass
     message: str
     log_tail: str | None
     result: AttemptResult | None
+    lost_record: JobRecord | None = None
+
+    def __post_init__(self) -> None:
+        if (self.result is None) == (self.lost_record is None):
+            raise ValueError("a Failure holds either the worker's result or the driver's lost_record")
 
 
 def settle_success(out: Path, queue: JobQueue, job: JobSpec, lease: Lease, result: AttemptResult) -> bool:
@@ -69,16 +74,8 @@ def settle_failure(
         drop_uncommitted_parts(out, job.sweep_id, job.job_id)
         if failure.result is not None:
             commit_attempt(out, job.sweep_id, failure.result, ("jobs",))
-        else:
-            lost = AttemptFacts(finished_unix_ns=time.time_ns())
-            record = job_record(
-                job,
-                attempt=lease.attempt,
-                error_class=failure.error_class,
-                error_message=failure.message,
-                facts=lost,
-            )
-            commit_jobs_row(out, record)
+        elif failure.lost_record is not None:
+            commit_jobs_row(out, failure.lost_record)
     return queue.fail(
         lease,
         error_class=failure.error_class,

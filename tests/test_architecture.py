@@ -55,7 +55,7 @@ def test_only_the_driver_imports_the_node_wing_when_outside_workers() -> None:
     importers = {
         m for m in _importers_of("workers.node") if not m.startswith(("tests", "bench", "workers.node"))
     }
-    assert importers == {"harness.driver", "harness.settle"}
+    assert importers == {"harness.driver"}
 
 
 @pytest.mark.parametrize("wing", ["workers.convert", "workers.load", "workers.sim"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from analysis import layout
 from analysis.schema import jobs_table, levels_table, requests_table, write_parquet_atomic
+from harness.driver import lost_attempt
 from harness.queue import JobQueue, Lease
 from harness.settle import Failure, settle_failure, settle_success
 from specsweep.error_classes import ErrorClass
@@ -68,7 +69,12 @@ def run_attempt(out: Path, queue: JobQueue, scenario: str, retries: int) -> str 
         assert result is not None
         settle_success(out, queue, job, lease, result)
     else:
-        failure = Failure(error_class, f"{error_class} in the test", None, result)
+        message = f"{error_class} in the test"
+        failure = (
+            Failure(error_class, message, None, result)
+            if result is not None
+            else lost_attempt(job, lease, error_class, message)
+        )
         settle_failure(out, queue, job, lease, failure, retries=retries)
     return next(j.state for j in queue.jobs() if j.id == job.job_id)
 
