@@ -410,3 +410,198 @@ def _write_pickle(checkpoint: FixtureCheckpoint, path: Path) -> None:
         else:
             state[name] = torch.from_numpy(array.copy())
     torch.save(state, path)
+
+
+# -- the corpus: one generated draft per published shape ----------------------------------------------
+
+_SPECULATORS_0_9_TOP = {
+    # What speculators 0.9.0's Eagle3SpeculatorConfig.to_diff_dict writes beside the model fields.
+    "embed_requires_grad": False,
+    "speculators_version": "0.9.0",
+    "transformers_version": "4.55.4",
+    "tie_word_embeddings": False,
+    "speculators_config": {
+        "algorithm": "eagle3",
+        "default_proposal_method": "greedy",
+        "proposal_methods": [
+            {
+                "proposal_type": "greedy",
+                "speculative_tokens": 3,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "verifier": {
+            "architectures": ["LlamaForCausalLM"],
+            "name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
+        },
+    },
+}
+_SPECFORGE_LLAMA = {
+    # LlamaConfig.save_pretrained fields a SpecForge 0.2.0 export carries beside the draft's own.
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "initializer_range": 0.02,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "rope_scaling": None,
+    "use_cache": True,
+    "transformers_version": "4.55.2",
+}
+
+
+@dataclass(frozen=True)
+class PublishedShape:
+    """A published draft format, generated tiny: its checkpoint and how it is written to disk."""
+
+    name: str
+    description: str
+    checkpoint: FixtureCheckpoint
+    as_pickle: bool = False
+
+
+def _speculators(variant: Variant = PLAIN, **top: Any) -> FixtureCheckpoint:
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS, variant=variant)
+    checkpoint.config |= _SPECULATORS_0_9_TOP | top
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        checkpoint.config.setdefault(flag, False)
+    return checkpoint
+
+
+def _speculators_dtype() -> FixtureCheckpoint:
+    """transformers >= 4.56 writes ``dtype`` where older versions wrote ``torch_dtype``."""
+    checkpoint = _speculators(Variant(norm_before_fc=True, norm_output=True))
+    checkpoint.config["dtype"] = checkpoint.config.pop("torch_dtype")
+    checkpoint.config["transformer_layer_config"]["dtype"] = checkpoint.config[
+        "transformer_layer_config"
+    ].pop("torch_dtype")
+    checkpoint.config |= {"target_hidden_size": None, "transformers_version": "4.57.1"}
+    return checkpoint
+
+
+def _speculators_legacy() -> FixtureCheckpoint:
+    """An early speculators export: torch_dtype and has_no_defaults_at_init, no EAGLE-3.1 flags."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    checkpoint.config |= {"has_no_defaults_at_init": False, "transformers_version": "4.53.0"}
+    return checkpoint
+
+
+def _speculators_qwen3() -> FixtureCheckpoint:
+    checkpoint = _speculators()
+    checkpoint.config["transformer_layer_config"]["model_type"] = "qwen3"
+    for norm in ("q_norm", "k_norm"):
+        checkpoint.tensors[f"layers.0.self_attn.{norm}.weight"] = FixtureTensor(
+            "BF16", (TINY.head_dim,), seed=77, kind="norm"
+        )
+    return checkpoint
+
+
+def _specforge(variant: Variant = PLAIN) -> FixtureCheckpoint:
+    """SpecForge 0.2.0's export: a LlamaConfig with draft_vocab_size, midlayer.* and both vocab buffers
+    (all-ones t2d and zero d2t when the draft keeps the full vocabulary)."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=variant)
+    checkpoint.config |= _SPECFORGE_LLAMA
+    del checkpoint.config["eagle_config"]  # SpecForge's fc is fixed at 3 aux states
+    if variant.full_vocab:
+        checkpoint.config["draft_vocab_size"] = TINY.vocab_size
+        zeros = np.zeros(TINY.vocab_size, dtype=np.int64)
+        checkpoint.tensors["d2t"] = FixtureTensor("I64", zeros.shape, zeros)
+        ones = np.ones(TINY.vocab_size, dtype=np.bool_)
+        checkpoint.tensors["t2d"] = FixtureTensor("BOOL", ones.shape, ones)
+    return checkpoint
+
+
+def _native_legacy_eagle31() -> FixtureCheckpoint:
+    """An EAGLE-3.1 draft with the legacy names SGLang still maps: use_aux_norm, aux_norm_low/mid/high."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=Variant(fc_norm=True, norm_output=True))
+    checkpoint.config["use_aux_norm"] = checkpoint.config.pop("fc_norm")
+    for index, legacy in enumerate(("aux_norm_low", "aux_norm_mid", "aux_norm_high")):
+        checkpoint.tensors[f"{legacy}.weight"] = checkpoint.tensors.pop(f"fc_norm.{index}.weight")
+    return checkpoint
+
+
+def _mla(variant: Variant = PLAIN, *, layers_prefix: bool = False) -> FixtureCheckpoint:
+    checkpoint = build_checkpoint(SourceFormat.SGLANG_MLA, variant=variant)
+    if layers_prefix:
+        checkpoint.tensors = {
+            ("layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name): tensor
+            for name, tensor in checkpoint.tensors.items()
+        }
+    return checkpoint
+
+
+def published_shapes() -> list[PublishedShape]:
+    """One tiny draft per publicly seen format, with that format's exact config fields and key names."""
+    eagle31 = Variant(norm_before_fc=True, norm_output=True)
+    return [
+        PublishedShape("speculators-0.9", "speculators 0.9.0 eagle3 export, llama layer", _speculators()),
+        PublishedShape(
+            "speculators-dtype",
+            "transformers >= 4.56 dtype, norm_before_fc + norm_output",
+            _speculators_dtype(),
+        ),
+        PublishedShape(
+            "speculators-legacy",
+            "early speculators export (torch_dtype, has_no_defaults_at_init)",
+            _speculators_legacy(),
+        ),
+        PublishedShape(
+            "speculators-eagle31",
+            "EAGLE-3.1 llama default: norm_before_fc + norm_output",
+            _speculators(eagle31),
+        ),
+        PublishedShape(
+            "speculators-fc-norm",
+            "EAGLE-3.1 fc_norm + norm_output",
+            _speculators(Variant(fc_norm=True, norm_output=True)),
+        ),
+        PublishedShape(
+            "speculators-full-vocab",
+            "draft_vocab_size = vocab_size, no d2t/t2d",
+            _speculators(Variant(full_vocab=True)),
+        ),
+        PublishedShape("speculators-qwen3", "qwen3 draft layer (q_norm/k_norm)", _speculators_qwen3()),
+        PublishedShape(
+            "speculators-norm-before-residual",
+            "norm_before_residual: true",
+            _speculators(norm_before_residual=True),
+        ),
+        PublishedShape("specforge-0.2", "SpecForge 0.2.0 export (SGLang-native)", _specforge()),
+        PublishedShape(
+            "specforge-full-vocab",
+            "SpecForge full vocabulary: zero d2t, all-true t2d",
+            _specforge(Variant(full_vocab=True)),
+        ),
+        PublishedShape(
+            "eagle-pickle",
+            "SafeAILab EAGLE3: LlamaForCausalLM, pytorch_model.bin",
+            build_checkpoint(SourceFormat.EAGLE),
+            as_pickle=True,
+        ),
+        PublishedShape(
+            "native-full-vocab-head",
+            "no draft_vocab_size, own full-vocab lm_head",
+            build_checkpoint(SourceFormat.SGLANG, variant=Variant(full_vocab=True)),
+        ),
+        PublishedShape(
+            "native-target-head",
+            "no draft_vocab_size, no lm_head",
+            build_checkpoint(SourceFormat.SGLANG, variant=Variant(full_vocab=True, head=False)),
+        ),
+        PublishedShape(
+            "native-eagle31-legacy", "use_aux_norm with aux_norm_low/mid/high", _native_legacy_eagle31()
+        ),
+        PublishedShape(
+            "native-norm-before-fc",
+            "eagle_config.norm_before_fc with input_norm",
+            build_checkpoint(SourceFormat.SGLANG, variant=eagle31),
+        ),
+        PublishedShape("kimi-k25-eagle3-mla", "Eagle3DeepseekV2ForCausalLM, midlayer.*", _mla()),
+        PublishedShape(
+            "kimi-k26-eagle31-mla",
+            "MLA with fc_norm + norm_output, layers.0.*",
+            _mla(Variant(fc_norm=True, norm_output=True), layers_prefix=True),
+        ),
+    ]

@@ -524,9 +524,14 @@ def _head_choice(flat: dict[str, Any], names: frozenset[str], changes: list[str]
             "draft's own full-vocabulary lm_head (unset, it would load the TARGET's head instead)"
         )
         return True
+    if "draft_vocab_size" not in flat:
+        flat["draft_vocab_size"] = None
+        changes.append(
+            "draft_vocab_size written as null: SGLang 0.5.23 reads config.draft_vocab_size directly, and "
+            "a config without the key fails to load (AttributeError under its transformers 5.19)"
+        )
     changes.append(
-        "no lm_head and no draft_vocab_size: valid as is; SGLang serves the TARGET's lm_head "
-        "(load_lm_head_from_target); config.json keeps draft_vocab_size unset"
+        "no lm_head and draft_vocab_size unset: SGLang serves the TARGET's lm_head (load_lm_head_from_target)"
     )
     return False
 
