@@ -208,7 +208,7 @@ def _installed_mla_load_weights(sglang_python: str) -> Any:
         "default_weight_loader": lambda param, weight: param.data.copy_(weight),
         "skipped": [],
     }
-    exec(compile(module, "kimi_k25_eagle3.py", "exec"), namespace)  # noqa: S102 - SGLang's own code
+    exec(compile(module, "kimi_k25_eagle3.py", "exec"), namespace)  # SGLang's own code, verbatim
     return namespace
 
 
