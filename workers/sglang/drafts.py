@@ -2,9 +2,10 @@
 
 Facts from the installed 0.5.23 source (``sglang/srt/models/llama_eagle3.py``,
 ``sglang/srt/models/kimi_k25_eagle3.py``) and, for the minimum versions, from the same two files in
-the published sglang wheels 0.4.10, 0.5.5, 0.5.8, 0.5.10, 0.5.12, 0.5.14, 0.5.15, 0.5.17, 0.5.20, 0.5.22
-(the first version in that list whose file has the feature; a version between two probed ones is
-not claimed). The converter refuses a feature the nodes' SGLang (``--sglang-version``) cannot load.
+the published sglang wheels 0.4.10, 0.5.1, 0.5.2, 0.5.5, 0.5.8, 0.5.10, 0.5.10.post1, 0.5.11, 0.5.12,
+0.5.14, 0.5.15, 0.5.16, 0.5.17, 0.5.20 and 0.5.22: each minimum is the first of those whose file has
+the feature, and the release before it (also probed) lacks it. The converter refuses a feature the
+nodes' SGLang (``--sglang-version``) cannot load.
 """
 
 from __future__ import annotations
@@ -56,32 +57,32 @@ FEATURE_SUPPORT = {
         FeatureSupport(
             DraftFeature.LAYERS_PREFIX,
             "0.5.12",
-            "0.5.5 names the layer `midlayer` and skips layers.0.* keys: an untrained draft layer",
+            "0.5.11 names the layer `midlayer` and skips layers.0.* keys: an untrained draft layer",
         ),
         FeatureSupport(
             DraftFeature.INPUT_NORM,
             "0.5.17",
-            "0.5.15 has no input_norm: it skips the weight and runs fc on un-normalised features",
+            "0.5.16 has no input_norm: it skips the weight and runs fc on un-normalised features",
         ),
         FeatureSupport(
             DraftFeature.FC_NORM,
             "0.5.12",
-            "0.5.5 has no fc_norm: it skips the weights and runs fc on un-normalised features",
+            "0.5.11 has no fc_norm: it skips the weights and runs fc on un-normalised features",
         ),
         FeatureSupport(
             DraftFeature.NORM_OUTPUT,
             "0.5.12",
-            "0.5.5 ignores norm_output and feeds pre-norm hidden states to the next draft step",
+            "0.5.11 ignores norm_output and feeds pre-norm hidden states to the next draft step",
         ),
         FeatureSupport(
             DraftFeature.TARGET_HEAD,
-            "0.5.5",
-            "0.4.10 has no load_lm_head_from_target: the draft's lm_head stays uninitialised",
+            "0.5.2",
+            "0.5.1 sizes lm_head from draft_vocab_size and fails to load when it is null",
         ),
         FeatureSupport(
             DraftFeature.MLA,
             "0.5.12",
-            f"0.5.5 has no {MLA_DRAFT_ARCHITECTURE} and fails at load",
+            f"0.5.11 has no {MLA_DRAFT_ARCHITECTURE} and fails at load",
         ),
     )
 }
