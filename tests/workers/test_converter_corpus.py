@@ -23,9 +23,8 @@ import torch
 from safetensors.torch import load_file
 
 from specsweep.errors import ConversionError
-from workers.conversion_report import ConversionReport
-from workers.converter import ConvertOptions, convert
-from workers.eagle3_fixtures import (
+from workers.convert.converter import ConvertOptions, convert
+from workers.convert.fixtures import (
     TINY,
     TINY_MLA,
     PublishedShape,
@@ -33,6 +32,7 @@ from workers.eagle3_fixtures import (
     write_checkpoint,
     write_target_config,
 )
+from workers.convert.report import ConversionReport
 
 SHAPES = {shape.name: shape for shape in published_shapes()}
 # shape -> words of the refusal (field, why); every other shape converts.

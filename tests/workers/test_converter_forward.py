@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.converter import ConvertOptions, convert
-from workers.eagle3_fixtures import TINY, published_shapes, write_checkpoint
+from workers.convert.converter import ConvertOptions, convert
+from workers.convert.fixtures import TINY, published_shapes, write_checkpoint
 
 SHAPES = {shape.name: shape for shape in published_shapes()}
 LEGACY = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.convert.tensor_values import FLOAT_DTYPES, ValueSummary
 from workers.sglang.drafts import (
     LLAMA_DRAFT_ARCHITECTURE,
     LLAMA_LEGACY_NAMES,
@@ -25,7 +26,6 @@ from workers.sglang.drafts import (
     MLA_MODEL_TYPES,
     DraftFeature,
 )
-from workers.tensor_values import FLOAT_DTYPES, ValueSummary
 
 SGLANG_ARCHITECTURE = LLAMA_DRAFT_ARCHITECTURE
 EAGLE_ARCHITECTURE = "LlamaForCausalLM"
@@ -66,8 +66,8 @@ class SourceFormat(StrEnum):
     SGLANG_MLA = "sglang-mla"
 
 
-class Layout(StrEnum):
-    """Output key prefix for the draft layer: ``midlayer`` loads in old and new SGLang."""
+class LayerNaming(StrEnum):
+    """How the draft layer's keys are named: ``midlayer.*`` (loads in old and new SGLang) or ``layers.0.*``."""
 
     MIDLAYER = "midlayer"
     LAYERS = "layers"
@@ -656,12 +656,12 @@ def _refuse(name: str, why: str) -> KeyDecision:
     )
 
 
-def output_name(canonical: str, source: str, source_format: SourceFormat, layout: Layout) -> str:
+def output_name(canonical: str, source: str, source_format: SourceFormat, layout: LayerNaming) -> str:
     """The key written for ``canonical``: MLA drafts keep their source layer prefix (their loader
     reads both); others get ``layout``'s."""
     if source_format is SourceFormat.SGLANG_MLA:
         return source if canonical.startswith(MIDLAYER) else canonical
-    if layout is Layout.LAYERS and canonical.startswith(MIDLAYER):
+    if layout is LayerNaming.LAYERS and canonical.startswith(MIDLAYER):
         return "layers.0." + canonical.removeprefix(MIDLAYER)
     return canonical
 

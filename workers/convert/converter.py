@@ -28,7 +28,7 @@ from typing import Any
 import xxhash
 
 from specsweep.errors import ConversionError
-from workers.checkpoint_source import (
+from workers.convert.checkpoint_source import (
     CONFIG_FILE,
     SAFETENSORS_INDEX,
     CheckpointSource,
@@ -36,18 +36,9 @@ from workers.checkpoint_source import (
     open_checkpoint,
     read_json,
 )
-from workers.conversion_report import (
-    REPORT_FILE,
-    CheckResult,
-    ConversionReport,
-    DroppedKey,
-    FeatureNeed,
-    SourceFile,
-    TensorRecord,
-)
-from workers.eagle3_format import (
+from workers.convert.eagle3_format import (
     Detection,
-    Layout,
+    LayerNaming,
     MlaDims,
     NormalisedConfig,
     Problem,
@@ -63,13 +54,24 @@ from workers.eagle3_format import (
     normalise_config,
     output_name,
 )
-from workers.safetensors_stream import (
+from workers.convert.report import (
+    REPORT_FILE,
+    CheckResult,
+    ConversionReport,
+    DroppedKey,
+    FeatureNeed,
+    SourceFile,
+    TensorRecord,
+)
+from workers.convert.safetensors_stream import (
     OutputTensor,
     encode_header,
     iter_mapped,
     read_header,
     write_all,
 )
+from workers.convert.tensor_copy import TensorOutcome, TensorTask, copy_and_hash
+from workers.convert.tensor_values import FLOAT_DTYPES
 from workers.sglang.drafts import (
     BASE_MINIMUM,
     FEATURE_SUPPORT,
@@ -78,8 +80,6 @@ from workers.sglang.drafts import (
     parse_version,
     supports,
 )
-from workers.tensor_copy import TensorOutcome, TensorTask, copy_and_hash
-from workers.tensor_values import FLOAT_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class ConvertOptions:
 
     source_format: SourceFormat | None = None
     target_config: Path | None = None
-    layout: Layout = Layout.MIDLAYER
+    layout: LayerNaming = LayerNaming.MIDLAYER
     sglang_version: str = SGLANG_VERSION
     allow_pickle: bool = False
     force: bool = False

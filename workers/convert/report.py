@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.eagle3_format import Layout, SourceFormat
+from workers.convert.eagle3_format import LayerNaming, SourceFormat
 from workers.sglang.drafts import DraftFeature
 
 REPORT_SCHEMA_VERSION = 2
@@ -81,7 +81,7 @@ class ConversionReport(_Strict):
     destination: str = Field(description="absolute output directory")
     source_format: SourceFormat = Field(description="detected (or given) input format")
     detection: str = Field(description="why that format: the evidence, or 'given with --from'")
-    layout: Layout = Field(description="output key layout for the draft layer")
+    layout: LayerNaming = Field(description="output key layout for the draft layer")
     sglang_version: str = Field(
         description="the SGLang version the output was checked for (--sglang-version, default the pinned one)"
     )
