@@ -169,7 +169,7 @@ def _shapes(dims: FixtureDims, variant: Variant, mla: MlaFixtureDims | None) -> 
     )
     inter, aux_width = dims.intermediate_size, len(dims.aux_layer_ids) * dims.target_hidden_size
     if mla is None:
-        attention = {
+        attention: dict[str, tuple[int, ...]] = {
             "self_attn.q_proj.weight": (q_rows, 2 * hidden),
             "self_attn.k_proj.weight": (kv_rows, 2 * hidden),
             "self_attn.v_proj.weight": (kv_rows, 2 * hidden),
