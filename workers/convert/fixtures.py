@@ -301,7 +301,7 @@ def target_config(
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
         "text_config": text,
-        "vision_config": {"model_type": "kimi_k25_vision"},
+        "vision_config": {"model_type": "kimi_k25_vision", "patch_size": 14, "vt_hidden_size": 1152},
         "media_placeholder_token_id": 163605,
     }
 
