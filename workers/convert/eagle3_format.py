@@ -315,6 +315,8 @@ def _flatten_speculators(config: Mapping[str, Any]) -> tuple[dict[str, Any], lis
         rule = SPECULATORS_FIELDS.get(field)
         if rule is not None and rule.action is FieldAction.PROVENANCE:
             changes.append(f"dropped provenance field {field}: {rule.why}")
+        elif rule is not None and rule.action is FieldAction.REFUSED and not config[field]:
+            changes.append(f"dropped field {field}: false is the forward SGLang runs (true is refused)")
     if config.get("speculators_model_type") != "eagle3":
         problems.append(
             Problem(
