@@ -33,7 +33,9 @@ def _resolve(draft: Path) -> list[str]:
         "--speculative-num-draft-tokens",
         "4",
     ]
-    res = builtin_resolve(parse_launch_args(argv), target_config_dir=str(KIMI_K25), draft_config_dir=str(draft))
+    res = builtin_resolve(
+        parse_launch_args(argv), target_config_dir=str(KIMI_K25), draft_config_dir=str(draft)
+    )
     return [finding.code for finding in res.errors]
 
 
