@@ -125,3 +125,10 @@ def test_cli_convert_refuses_old_sglang_then_names_minimum_when_draft_has_input_
     assert "needs SGLang >= 0.5.17: norm_before_fc (input_norm)" in new.stdout
     assert "lm_head served: the draft's own" in new.stdout
     assert "loads in SGLang >= 0.5.17 (checked for 0.5.23)" in new.stdout
+
+
+def test_docs_table_states_each_speculators_field_action_when_read() -> None:
+    """docs/conversion.md has one row per speculators field the converter knows, with its action."""
+    text = (REPO / "docs" / "conversion.md").read_text()
+    for field, rule in SPECULATORS_FIELDS.items():
+        assert f"| `{field}` | {rule.action.value} |" in text, field
