@@ -125,6 +125,8 @@ def draft_steps(
 
 
 CASES = [
+    "speculators-0.9",
+    "specforge-0.2",
     "speculators-eagle31",
     "speculators-dtype",
     "speculators-fc-norm",
@@ -142,7 +144,8 @@ def test_draft_forward_gives_identical_logits_when_run_from_source_and_converted
     name: str, tmp_path: Path
 ) -> None:
     """Each variant's two draft steps match bit for bit between the source (as trained) and the
-    output (as SGLang reads it); switching off the variant's feature in the output config does not."""
+    output (as SGLang reads it); swapping two norms, or switching off the variant's feature in the
+    output config, does not."""
     shape = SHAPES[name]
     src = write_checkpoint(shape.checkpoint, tmp_path / "src")
     report = convert(src, tmp_path / "out", ConvertOptions())
@@ -158,6 +161,12 @@ def test_draft_forward_gives_identical_logits_when_run_from_source_and_converted
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     assert served.own_head == (report.lm_head == "draft")
 
+    swapped = dict(converted)
+    swapped["midlayer.input_layernorm.weight"], swapped["midlayer.hidden_norm.weight"] = (
+        converted["midlayer.hidden_norm.weight"],
+        converted["midlayer.input_layernorm.weight"],
+    )
+    assert not torch.equal(want[0], draft_steps(swapped, served, target_head)[0])
     for flag in ("input_norm", "fc_norm", "norm_output", "own_head"):
         if getattr(served, flag):
             broken = draft_steps(converted, replace(served, **{flag: False}), target_head)
