@@ -308,10 +308,12 @@ def plan_conversion(
     target_check = check_target(dims, target) if target is not None else None
     if target_check is not None:
         problems += target_check.problems
-    needs = _feature_needs(normalised, kept, options)
-    problems += _version_problems(needs, options)
     if problems:
         raise _refusal(source.root, "keys, shapes and dtypes", problems)
+    needs = _feature_needs(normalised, kept, options)
+    problems = _version_problems(needs, options)
+    if problems:
+        raise _refusal(source.root, "SGLang version", problems)
     by_canonical = {t.canonical: t.source for t in kept}
     vocab = [by_canonical.get(name) for name in ("d2t", "t2d")]
     d2t, t2d = (source.read_array(t) if t is not None else None for t in vocab)
@@ -359,7 +361,7 @@ def _version_problems(needs: tuple[FeatureNeed, ...], options: ConvertOptions) -
         Problem(
             f"--sglang-version {options.sglang_version}",
             f"the output needs {need.feature}, first loaded by SGLang {need.minimum_sglang}; "
-            f"older versions load it wrongly ({need.older})",
+            f"older versions do not load it correctly ({need.older})",
             "use --layout midlayer"
             if need.feature is DraftFeature.LAYERS_PREFIX
             else f"upgrade SGLang on the nodes to >= {need.minimum_sglang}",

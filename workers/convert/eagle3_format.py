@@ -182,7 +182,10 @@ def detect_format(config: Mapping[str, Any], names: Iterable[str]) -> Detection 
             f"config has speculators_model_type={config['speculators_model_type']!r}",
         )
     if MLA_DRAFT_ARCHITECTURE in architectures:
-        return Detection(SourceFormat.SGLANG_MLA, f"config architectures {architectures}")
+        return Detection(
+            SourceFormat.SGLANG_MLA,
+            f"config architectures {architectures}: checked, passed through unchanged",
+        )
     if SGLANG_ARCHITECTURE in architectures:
         return Detection(SourceFormat.SGLANG, f"config architectures {architectures}")
     has_midlayer = any(name.startswith(MIDLAYER) for name in names)
