@@ -97,6 +97,14 @@ def _config(**changes: object) -> Callable[[FixtureCheckpoint], None]:
     return edit
 
 
+def _both(*edits: Callable[[FixtureCheckpoint], None]) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        for one in edits:
+            one(checkpoint)
+
+    return edit
+
+
 def _layer_config(**changes: object) -> Callable[[FixtureCheckpoint], None]:
     def edit(checkpoint: FixtureCheckpoint) -> None:
         checkpoint.config["transformer_layer_config"].update(changes)
@@ -182,7 +190,7 @@ CASES: dict[str, tuple[SourceFormat, Callable[[FixtureCheckpoint], None], dict, 
     ),
     "input_norm on old SGLang": (
         SourceFormat.SPECULATORS,
-        _config(norm_before_fc=True),
+        _both(_config(norm_before_fc=True), _add_key("input_norm.weight", (192,))),
         {"sglang_version": "0.5.16"},
         ("--sglang-version 0.5.16", "0.5.17", "upgrade"),
     ),
