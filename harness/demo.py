@@ -1,7 +1,8 @@
 """``specsweep demo``: the whole pipeline on a laptop, no GPU.
 
-It writes a Kimi-K2-shaped target config and a small speculators-format EAGLE3 drafter (the converter
-turns it into SGLang's layout, as on a real node), starts an embedded Ray cluster of simulated 8-GPU
+It writes a Kimi-K2.5-shaped target config (the multimodal wrapper, its text model under text_config)
+and a small speculators-format EAGLE3 drafter (the converter turns it into SGLang's layout, as on a
+real node), starts an embedded Ray cluster of simulated 8-GPU
 nodes, runs ``examples/demo.yaml`` on the simulated SGLang server, and prints the best config per load
 level with its speedup and the exact SGLang command, then writes the HTML report.
 """
@@ -22,7 +23,7 @@ from specsweep.errors import SpecsweepError
 
 DEMO_SPEC = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
 DEMO_MARKER = ".specsweep-demo"  # written into OUT so a rerun may replace an old demo, and only a demo
-TARGET_DIR = "inputs/kimi-k2-demo"
+TARGET_DIR = "inputs/kimi-k25-demo"
 DRAFTER_DIR = "inputs/eagle3-speculators"
 
 
@@ -35,7 +36,8 @@ class DemoInputs:
 
 
 def write_demo_inputs(root: Path) -> DemoInputs:
-    """A Kimi-K2-shaped target (DeepseekV3, vocab 163840; config only) and a small speculators drafter.
+    """A Kimi-K2.5-shaped target (KimiK25ForConditionalGeneration around a DeepseekV3 text model, vocab
+    163840; config only) and a small speculators drafter: the converter checks it against text_config.
 
     The drafter is small (hidden 128) so the demo converts it in well under a second; the simulated
     server models an H200 node serving the full-size model whatever the drafter's size.
@@ -55,7 +57,7 @@ def write_demo_inputs(root: Path) -> DemoInputs:
         target_layers=61,
         aux_layer_ids=(1, 29, 57),
     )
-    target = write_target_config(root / TARGET_DIR, dims)
+    target = write_target_config(root / TARGET_DIR, dims, multimodal=True)
     drafter = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS, dims), root / DRAFTER_DIR)
     return DemoInputs(target=target, drafter=drafter)
 

@@ -176,10 +176,11 @@ class DrafterSpec(StrictModel):
     path: str = Field(
         description="Directory of the drafter checkpoint (config.json + weights), as seen on the nodes."
     )
-    format: Literal["auto", "speculators", "sglang", "eagle"] = Field(
+    format: Literal["auto", "speculators", "sglang", "eagle", "sglang-mla"] = Field(
         default="auto",
         description="Checkpoint format: speculators, sglang (SpecForge / SGLang-native), eagle (original "
-        "EAGLE), or auto to detect it from the config and keys.",
+        "EAGLE), sglang-mla (Eagle3DeepseekV2ForCausalLM, Kimi-K2.x; checked, passed through), or auto "
+        "to detect it from the config and keys.",
     )
 
 

@@ -9,6 +9,7 @@ from harness.commands.base import Command
 from workers.convert.converter import ConvertOptions, convert
 from workers.convert.eagle3_format import LayerNaming, SourceFormat
 from workers.convert.report import ConversionReport
+from workers.sglang.drafts import SGLANG_VERSION
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft layer keys: midlayer.* (default; old and new SGLang) or layers.0.* (new SGLang only)",
     )
     parser.add_argument(
+        "--sglang-version",
+        metavar="VERSION",
+        default=SGLANG_VERSION,
+        help=f"SGLang version the nodes run (default {SGLANG_VERSION}): features it cannot load are "
+        "refused, naming the version that can",
+    )
+    parser.add_argument(
         "--allow-pickle",
         action="store_true",
         help="read .bin/.pt weights (pickle; loaded with torch weights_only=True)",
@@ -47,6 +55,7 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
         source_format=None if args.source_format == "auto" else SourceFormat(args.source_format),
         target_config=args.target_config,
         layout=LayerNaming(args.layout),
+        sglang_version=args.sglang_version,
         allow_pickle=args.allow_pickle,
         force=args.force,
     )
@@ -70,6 +79,11 @@ def print_human(report: ConversionReport) -> None:
         print(f"  dropped {dropped.key}: {dropped.reason}")
     for change in report.config_changes:
         print(f"  config: {change}")
+    head = "the draft's own" if report.lm_head == "draft" else "the target's (the draft has none)"
+    print(f"  lm_head served: {head}")
+    for need in report.needs:
+        print(f"  needs SGLang >= {need.minimum_sglang}: {need.feature}")
+    print(f"  loads in SGLang >= {report.minimum_sglang} (checked for {report.sglang_version})")
     mib = report.bytes_written / (1 << 20)
     rate = mib / report.seconds if report.seconds else 0.0
     print(

@@ -17,7 +17,7 @@ import pytest
 
 from specsweep.errors import ConversionError
 from workers.convert.converter import ConvertOptions, convert
-from workers.convert.eagle3_format import SourceFormat
+from workers.convert.eagle3_format import LayerNaming, SourceFormat
 from workers.convert.fixtures import (
     TINY,
     FixtureCheckpoint,
@@ -97,6 +97,14 @@ def _config(**changes: object) -> Callable[[FixtureCheckpoint], None]:
     return edit
 
 
+def _both(*edits: Callable[[FixtureCheckpoint], None]) -> Callable[[FixtureCheckpoint], None]:
+    def edit(checkpoint: FixtureCheckpoint) -> None:
+        for one in edits:
+            one(checkpoint)
+
+    return edit
+
+
 def _layer_config(**changes: object) -> Callable[[FixtureCheckpoint], None]:
     def edit(checkpoint: FixtureCheckpoint) -> None:
         checkpoint.config["transformer_layer_config"].update(changes)
@@ -150,7 +158,84 @@ CASES: dict[str, tuple[SourceFormat, Callable[[FixtureCheckpoint], None], dict, 
         {},
         ("layers.1", "extra draft layer"),
     ),
-    "input_norm": (SourceFormat.SPECULATORS, _add_key("input_norm.weight", (192,)), {}, ("input_norm",)),
+    "input_norm without norm_before_fc": (
+        SourceFormat.SPECULATORS,
+        _add_key("input_norm.weight", (192,)),
+        {},
+        ("norm_before_fc", "input_norm.weight", "skips"),
+    ),
+    "norm_before_fc without input_norm": (
+        SourceFormat.SPECULATORS,
+        _config(norm_before_fc=True),
+        {},
+        ("input_norm.weight", "missing", "untrained"),
+    ),
+    "fc_norm and norm_before_fc": (
+        SourceFormat.SGLANG,
+        _config(fc_norm=True, norm_before_fc=True),
+        {},
+        ("fc_norm", "norm_before_fc", "both"),
+    ),
+    "trained embedding": (
+        SourceFormat.SPECULATORS,
+        _config(embed_requires_grad=True),
+        {},
+        ("embed_requires_grad", "set_embed", "target's"),
+    ),
+    "other speculator algorithm": (
+        SourceFormat.SPECULATORS,
+        _config(speculators_model_type="peagle"),
+        {},
+        ("speculators_model_type", "peagle", "eagle3"),
+    ),
+    "input_norm on old SGLang": (
+        SourceFormat.SPECULATORS,
+        _both(_config(norm_before_fc=True), _add_key("input_norm.weight", (192,))),
+        {"sglang_version": "0.5.16"},
+        ("--sglang-version 0.5.16", "0.5.17", "upgrade"),
+    ),
+    "layers layout on old SGLang": (
+        SourceFormat.SGLANG,
+        lambda checkpoint: None,
+        {"layout": LayerNaming.LAYERS, "sglang_version": "0.5.11"},
+        ("layers.0.* weight names", "0.5.12", "--layout midlayer"),
+    ),
+    "not a version": (
+        SourceFormat.SGLANG,
+        lambda checkpoint: None,
+        {"sglang_version": "latest"},
+        ("--sglang-version", "latest", "0.5.23"),
+    ),
+    "mla pre-fused qkv_a": (
+        SourceFormat.SGLANG_MLA,
+        _add_key("midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight", (88, 128)),
+        {},
+        ("fused_qkv_a_proj_with_mqa", "never loads"),
+    ),
+    "mla norm_before_fc": (
+        SourceFormat.SGLANG_MLA,
+        _config(norm_before_fc=True),
+        {},
+        ("norm_before_fc", "Eagle3DeepseekV2ForCausalLM"),
+    ),
+    "mla without q_lora_rank": (
+        SourceFormat.SGLANG_MLA,
+        _config(q_lora_rank=None),
+        {},
+        ("q_lora_rank", "requires"),
+    ),
+    "mla wrong kv_b_proj": (
+        SourceFormat.SGLANG_MLA,
+        _add_key("midlayer.self_attn.kv_b_proj.weight", (8, 32)),
+        {},
+        ("kv_b_proj", "expected [128, 32]", "kv_lora_rank"),
+    ),
+    "mla llama keys": (
+        SourceFormat.SGLANG_MLA,
+        _add_key("midlayer.self_attn.q_proj.weight", (64, 128)),
+        {},
+        ("q_proj", "MLA draft layer"),
+    ),
     "d2t absolute ids": (SourceFormat.SPECULATORS, _d2t_absolute, {}, ("d2t", "absolute", "arange")),
     "d2t as bf16": (SourceFormat.SPECULATORS, _d2t_bf16, {}, ("d2t", "BF16", "int64")),
     "t2d count": (SourceFormat.SPECULATORS, _t2d_extra_id, {}, ("t2d", "marks 97", "96")),
@@ -160,12 +245,6 @@ CASES: dict[str, tuple[SourceFormat, Callable[[FixtureCheckpoint], None], dict, 
         _config(tie_word_embeddings=True),
         {},
         ("tie_word_embeddings", "false"),
-    ),
-    "speculators tied": (
-        SourceFormat.SPECULATORS,
-        _layer_config(tie_word_embeddings=True),
-        {},
-        ("tie_word_embeddings",),
     ),
     "LlamaForCausalLM kept": (
         SourceFormat.EAGLE,

@@ -39,9 +39,11 @@ from workers.convert.checkpoint_source import (
 from workers.convert.eagle3_format import (
     Detection,
     LayerNaming,
+    MlaDims,
     NormalisedConfig,
     Problem,
     SourceFormat,
+    TargetCheck,
     TensorFacts,
     check_target,
     check_tensors,
@@ -57,6 +59,7 @@ from workers.convert.report import (
     CheckResult,
     ConversionReport,
     DroppedKey,
+    FeatureNeed,
     SourceFile,
     TensorRecord,
 )
@@ -69,11 +72,19 @@ from workers.convert.safetensors_stream import (
 )
 from workers.convert.tensor_copy import TensorOutcome, TensorTask, copy_and_hash
 from workers.convert.tensor_values import FLOAT_DTYPES
+from workers.sglang.drafts import (
+    BASE_MINIMUM,
+    FEATURE_SUPPORT,
+    SGLANG_VERSION,
+    DraftFeature,
+    parse_version,
+    supports,
+)
 
 log = logging.getLogger(__name__)
 
 # Bump when the output for the same source and options changes: stored conversions are then redone.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 DEFAULT_MAX_SHARD_BYTES = 5 << 30
 SINGLE_FILE = "model.safetensors"
 _TEMP_MARK = ".converting-"
@@ -81,11 +92,13 @@ _TEMP_MARK = ".converting-"
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """How to convert: forced input format (or auto), target config dir, output layout, permissions."""
+    """How to convert: forced input format (or auto), target config dir, output layout, the nodes'
+    SGLang version, permissions."""
 
     source_format: SourceFormat | None = None
     target_config: Path | None = None
     layout: LayerNaming = LayerNaming.MIDLAYER
+    sglang_version: str = SGLANG_VERSION
     allow_pickle: bool = False
     force: bool = False
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
@@ -138,7 +151,9 @@ def convert_cached(
     digest = source_digest(src, allow_pickle=options.allow_pickle)
     target_digest = _target_digest(options)
     key = xxhash.xxh3_128(
-        json.dumps([digest, target_digest, options.layout, CONVERTER_VERSION]).encode()
+        json.dumps(
+            [digest, target_digest, options.layout, options.sglang_version, CONVERTER_VERSION]
+        ).encode()
     ).hexdigest()[:32]
     dst = cache_dir / key
     with _locked(cache_dir / f".{key}.lock"):
@@ -233,6 +248,7 @@ def _reusable(
         and stored.source_digest == digest
         and stored.target_config_digest == target_digest
         and stored.layout == options.layout
+        and stored.sglang_version == options.sglang_version
         and options.source_format in (None, stored.source_format)
         and all((dst / name).is_file() for name in stored.output_files)
     )
@@ -260,6 +276,7 @@ class ConversionPlan:
     kept: tuple[PlannedTensor, ...]
     dropped: tuple[DroppedKey, ...]
     checks: tuple[CheckResult, ...]
+    needs: tuple[FeatureNeed, ...]
 
 
 def plan_conversion(
@@ -267,7 +284,7 @@ def plan_conversion(
 ) -> ConversionPlan:
     """Decide the mapping and run checks 1-5; raises one ConversionError listing every problem."""
     detection = _detect(source, options)
-    normalised = normalise_config(source.config, detection.format)
+    normalised = normalise_config(source.config, detection.format, source.tensors)
     if isinstance(normalised, list):
         raise _refusal(source.root, "config", normalised)
     dims = normalised.dims
@@ -281,26 +298,83 @@ def plan_conversion(
         elif decision.drop_reason is not None:
             dropped.append(DroppedKey(key=tensor.name, reason=decision.drop_reason))
         elif decision.canonical is not None:
-            kept.append(
-                PlannedTensor(tensor, decision.canonical, output_name(decision.canonical, options.layout))
-            )
+            name = output_name(decision.canonical, tensor.name, detection.format, options.layout)
+            kept.append(PlannedTensor(tensor, decision.canonical, name))
     duplicates = _duplicate_outputs(kept)
     problems += duplicates
     problems += check_tensors(
         [TensorFacts(t.canonical, t.source.name, t.source.dtype, t.source.shape) for t in kept], dims
     )
-    if target is not None:
-        problems += check_target(dims, target)
+    target_check = check_target(dims, target) if target is not None else None
+    if target_check is not None:
+        problems += target_check.problems
     if problems:
         raise _refusal(source.root, "keys, shapes and dtypes", problems)
+    needs = _feature_needs(normalised, kept, options)
+    problems = _version_problems(needs, options)
+    if problems:
+        raise _refusal(source.root, "SGLang version", problems)
     by_canonical = {t.canonical: t.source for t in kept}
     vocab = [by_canonical.get(name) for name in ("d2t", "t2d")]
     d2t, t2d = (source.read_array(t) if t is not None else None for t in vocab)
     problems = check_vocab_mapping(d2t, t2d, dims)
     if problems:
         raise _refusal(source.root, "vocab mapping", problems)
-    checks = _planning_checks(normalised, kept, dropped, target is not None, d2t is not None)
-    return ConversionPlan(detection, normalised, tuple(kept), tuple(dropped), checks)
+    checks = _planning_checks(normalised, kept, dropped, target_check, d2t is not None)
+    return ConversionPlan(detection, normalised, tuple(kept), tuple(dropped), checks, needs)
+
+
+def _feature_needs(
+    normalised: NormalisedConfig, kept: list[PlannedTensor], options: ConvertOptions
+) -> tuple[FeatureNeed, ...]:
+    """The version-dependent features the output uses: the draft's own, and layers.0.* names."""
+    features = list(normalised.dims.features)
+    if not normalised.dims.own_head:
+        features.append(DraftFeature.TARGET_HEAD)
+    if any(t.output.startswith("layers.0.") for t in kept) and DraftFeature.MLA not in features:
+        features.append(DraftFeature.LAYERS_PREFIX)
+    return tuple(
+        FeatureNeed(
+            feature=feature,
+            minimum_sglang=FEATURE_SUPPORT[feature].minimum,
+            older=FEATURE_SUPPORT[feature].older,
+        )
+        for feature in features
+    )
+
+
+def sglang_version(text: str) -> tuple[int, int, int, int]:
+    """``--sglang-version`` parsed, or a ConversionError saying what a version looks like."""
+    version = parse_version(text)
+    if version is None:
+        raise ConversionError(
+            f"{text!r} is not an SGLang version",
+            where="--sglang-version",
+            fix=f"give the version the nodes run, like {SGLANG_VERSION} or 0.5.15.post1",
+        )
+    return version
+
+
+def _version_problems(needs: tuple[FeatureNeed, ...], options: ConvertOptions) -> list[Problem]:
+    version = sglang_version(options.sglang_version)
+    return [
+        Problem(
+            f"--sglang-version {options.sglang_version}",
+            f"the output needs {need.feature}, first loaded by SGLang {need.minimum_sglang}; "
+            f"older versions do not load it correctly ({need.older})",
+            "use --layout midlayer"
+            if need.feature is DraftFeature.LAYERS_PREFIX
+            else f"upgrade SGLang on the nodes to >= {need.minimum_sglang}",
+        )
+        for need in needs
+        if not supports(version, need.feature)
+    ]
+
+
+def minimum_sglang(needs: tuple[FeatureNeed, ...]) -> str:
+    """The oldest SGLang version that loads an output with these features."""
+    versions = [BASE_MINIMUM, *(need.minimum_sglang for need in needs)]
+    return max(versions, key=lambda text: parse_version(text) or (0, 0, 0, 0))
 
 
 def _detect(source: CheckpointSource, options: ConvertOptions) -> Detection:
@@ -338,7 +412,7 @@ def _planning_checks(
     normalised: NormalisedConfig,
     kept: list[PlannedTensor],
     dropped: list[DroppedKey],
-    with_target: bool,
+    target_check: TargetCheck | None,
     with_vocab_map: bool,
 ) -> tuple[CheckResult, ...]:
     dims = normalised.dims
@@ -348,13 +422,22 @@ def _planning_checks(
         if with_vocab_map
         else f"draft vocab == target vocab ({dims.vocab_size}); no map needed"
     )
-    target = "vocab size, hidden size and aux layer ids match the target config"
+    target = "; ".join(
+        ["vocab size, hidden size and aux layer ids match the target config"]
+        + (target_check.notes if target_check else [])
+    )
+    attention = "MLA" if isinstance(dims.attention, MlaDims) else "llama"
+    head = (
+        f"draft lm_head over {dims.draft_vocab_size} ids"
+        if dims.own_head
+        else "no draft lm_head: SGLang serves the target's"
+    )
     return (
         CheckResult(
             name="config",
             status="pass",
-            detail=f"architectures {normalised.config['architectures']}, model_type llama, one layer, "
-            f"vocab_size {dims.vocab_size}, draft_vocab_size {dims.draft_vocab_size}",
+            detail=f"architectures {normalised.config['architectures']}, {attention} attention, one layer, "
+            f"vocab_size {dims.vocab_size}, {head}",
         ),
         CheckResult(
             name="key set",
@@ -366,8 +449,8 @@ def _planning_checks(
         CheckResult(name="vocab mapping", status="pass", detail=vocab),
         CheckResult(
             name="target config",
-            status="pass" if with_target else "warn",
-            detail=target if with_target else "not checked: no --target-config given",
+            status="pass" if target_check else "warn",
+            detail=target if target_check else "not checked: no --target-config given",
         ),
     )
 
@@ -569,6 +652,10 @@ def _convert_fresh(
                 source_format=plan.detection.format,
                 detection=plan.detection.reason,
                 layout=options.layout,
+                sglang_version=options.sglang_version,
+                needs=list(plan.needs),
+                minimum_sglang=minimum_sglang(plan.needs),
+                lm_head="draft" if plan.config.dims.own_head else "target",
                 source_files=streamed.source_files,
                 source_digest=_digest_of_files(streamed.source_files),
                 target_config_digest=target_digest,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.convert.eagle3_format import LAYER_PARTS, SourceFormat
+from workers.convert.eagle3_format import LAYER_PARTS, MLA_LAYER_PARTS, SourceFormat
 from workers.convert.safetensors_stream import DTYPE_SIZES, OutputTensor, encode_header, write_all
 
 _CHUNK_ELEMENTS = 4 << 20
@@ -41,7 +41,38 @@ class FixtureDims:
     aux_layer_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class MlaFixtureDims:
+    """MLA sizes of a generated Eagle3DeepseekV2ForCausalLM draft (num_heads from FixtureDims)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Which optional parts a generated draft has (each one a published training option).
+
+    ``full_vocab``: draft vocab = target vocab, no d2t/t2d (speculators writes
+    draft_vocab_size = vocab_size; native configs leave draft_vocab_size out); ``head``: the draft
+    has its own lm_head (False only for full-vocab native drafts, which then use the target's).
+    """
+
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    full_vocab: bool = False
+    head: bool = True
+
+
 TINY = FixtureDims(64, 4, 2, 16, 128, 96, 256, 64, 8, (1, 3, 6))
+TINY_MLA = MlaFixtureDims(
+    q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16
+)
+PLAIN = Variant()
 # Kimi-K2-like draft: hidden 7168, 64 heads x 128, intermediate 18432, draft vocab 32000 of 163840.
 # 32 KV heads puts the draft (without its embedding) at 2.0 GiB of bf16, the bench's size.
 KIMI_LIKE = FixtureDims(7168, 64, 32, 128, 18432, 32000, 163840, 7168, 61, (1, 29, 57))
@@ -91,57 +122,91 @@ def build_checkpoint(
     seed: int = 0,
     include_embedding: bool = True,
     fast_values: bool = False,
+    variant: Variant = PLAIN,
+    mla: MlaFixtureDims = TINY_MLA,
 ) -> FixtureCheckpoint:
     """A valid checkpoint of ``source_format`` (speculators checkpoints carry their embedding).
 
     ``fast_values`` fills bf16 weights with random bit patterns of magnitude below 2 (every one
     finite) instead of normal samples: several times faster to generate, for the 2 GiB bench.
+    ``mla`` sizes the attention of an SGLANG_MLA draft.
     """
+    if variant.full_vocab:
+        dims = replace(dims, draft_vocab_size=dims.vocab_size)
     prefix = "layers.0." if source_format is SourceFormat.SPECULATORS else "midlayer."
-    shapes = _shapes(dims)
+    is_mla = source_format is SourceFormat.SGLANG_MLA
+    shapes = _shapes(dims, variant, mla if is_mla else None)
     tensors: dict[str, FixtureTensor] = {}
     for index, (name, shape) in enumerate(shapes.items()):
-        key = prefix + name if name in LAYER_PARTS else name
+        key = prefix + name if name in LAYER_PARTS | MLA_LAYER_PARTS else name
         kind = "norm" if name.endswith("norm.weight") else "weight"
         if fast_values and dtype == "BF16":
             kind = "bits"
         tensors[key] = FixtureTensor(dtype, shape, seed=seed * 1000 + index, kind=kind)
-    d2t, t2d = vocab_map(dims, seed)
-    tensors["d2t"] = FixtureTensor("I64", d2t.shape, d2t)
-    tensors["t2d"] = FixtureTensor("BOOL", t2d.shape, t2d)
+    if not variant.full_vocab:
+        d2t, t2d = vocab_map(dims, seed)
+        tensors["d2t"] = FixtureTensor("I64", d2t.shape, d2t)
+        tensors["t2d"] = FixtureTensor("BOOL", t2d.shape, t2d)
     if source_format is SourceFormat.SPECULATORS and include_embedding:
         tensors["embed_tokens.weight"] = FixtureTensor(
             dtype, (dims.vocab_size, dims.hidden_size), seed=seed * 1000 + 999
         )
-    return FixtureCheckpoint(source_format, _config(source_format, dims, dtype), tensors)
+    config = _config(source_format, dims, dtype, variant, mla)
+    return FixtureCheckpoint(source_format, config, tensors)
 
 
-def _shapes(dims: FixtureDims) -> dict[str, tuple[int, ...]]:
+def _shapes(dims: FixtureDims, variant: Variant, mla: MlaFixtureDims | None) -> dict[str, tuple[int, ...]]:
     """Tensor shapes of an EAGLE3 drafter (layer parts unprefixed).
 
     Written out here, not taken from ``eagle3_format.expected_shapes``: these fixtures are the
-    converter's test oracle, so a wrong shape there must not be copied into them.
+    converter's test oracle, so a wrong shape there must not be copied into them. The MLA shapes
+    are those of SGLang 0.5.23's DeepseekV2AttentionMLA with q_a/kv_a widened to 2 x hidden.
     """
     hidden, q_rows, kv_rows = (
         dims.hidden_size,
         dims.num_heads * dims.head_dim,
         dims.num_kv_heads * dims.head_dim,
     )
-    inter = dims.intermediate_size
+    inter, aux_width = dims.intermediate_size, len(dims.aux_layer_ids) * dims.target_hidden_size
+    if mla is None:
+        attention: dict[str, tuple[int, ...]] = {
+            "self_attn.q_proj.weight": (q_rows, 2 * hidden),
+            "self_attn.k_proj.weight": (kv_rows, 2 * hidden),
+            "self_attn.v_proj.weight": (kv_rows, 2 * hidden),
+            "self_attn.o_proj.weight": (hidden, q_rows),
+        }
+    else:
+        heads = dims.num_heads
+        attention = {
+            "self_attn.q_a_proj.weight": (mla.q_lora_rank, 2 * hidden),
+            "self_attn.q_a_layernorm.weight": (mla.q_lora_rank,),
+            "self_attn.q_b_proj.weight": (
+                heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim),
+                mla.q_lora_rank,
+            ),
+            "self_attn.kv_a_proj_with_mqa.weight": (mla.kv_lora_rank + mla.qk_rope_head_dim, 2 * hidden),
+            "self_attn.kv_a_layernorm.weight": (mla.kv_lora_rank,),
+            "self_attn.kv_b_proj.weight": (heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
+            "self_attn.o_proj.weight": (hidden, heads * mla.v_head_dim),
+        }
+    extra: dict[str, tuple[int, ...]] = {}
+    if variant.norm_before_fc:
+        extra["input_norm.weight"] = (aux_width,)
+    if variant.fc_norm:
+        extra |= {f"fc_norm.{i}.weight": (dims.target_hidden_size,) for i in range(len(dims.aux_layer_ids))}
+    if variant.head:
+        extra["lm_head.weight"] = (dims.draft_vocab_size, hidden)
     return {
-        "self_attn.q_proj.weight": (q_rows, 2 * hidden),
-        "self_attn.k_proj.weight": (kv_rows, 2 * hidden),
-        "self_attn.v_proj.weight": (kv_rows, 2 * hidden),
-        "self_attn.o_proj.weight": (hidden, q_rows),
+        **attention,
         "mlp.gate_proj.weight": (inter, hidden),
         "mlp.up_proj.weight": (inter, hidden),
         "mlp.down_proj.weight": (hidden, inter),
         "input_layernorm.weight": (hidden,),
         "hidden_norm.weight": (hidden,),
         "post_attention_layernorm.weight": (hidden,),
-        "fc.weight": (hidden, len(dims.aux_layer_ids) * dims.target_hidden_size),
+        "fc.weight": (hidden, aux_width),
         "norm.weight": (hidden,),
-        "lm_head.weight": (dims.draft_vocab_size, hidden),
+        **extra,
     }
 
 
@@ -164,10 +229,15 @@ def _llama_fields(dims: FixtureDims, dtype: str) -> dict[str, Any]:
     }
 
 
-def _config(source_format: SourceFormat, dims: FixtureDims, dtype: str) -> dict[str, Any]:
+def _config(
+    source_format: SourceFormat, dims: FixtureDims, dtype: str, variant: Variant, mla: MlaFixtureDims
+) -> dict[str, Any]:
+    """config.json as each format writes it; the variant's flags where that format keeps them."""
     layer = _llama_fields(dims, dtype)
+    flags = {flag: True for flag in ("norm_before_fc", "fc_norm", "norm_output") if getattr(variant, flag)}
     if source_format is SourceFormat.SPECULATORS:
         return {
+            **flags,
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": "eagle3",
             "speculators_version": "0.3.0",
@@ -182,30 +252,66 @@ def _config(source_format: SourceFormat, dims: FixtureDims, dtype: str) -> dict[
             },
             "torch_dtype": layer["torch_dtype"],
         }
-    architecture = "LlamaForCausalLMEagle3" if source_format is SourceFormat.SGLANG else "LlamaForCausalLM"
-    return {
+    architecture = {
+        SourceFormat.SGLANG: "LlamaForCausalLMEagle3",
+        SourceFormat.EAGLE: "LlamaForCausalLM",
+        SourceFormat.SGLANG_MLA: "Eagle3DeepseekV2ForCausalLM",
+    }[source_format]
+    eagle_config: dict[str, Any] = {"eagle_aux_hidden_state_layer_ids": list(dims.aux_layer_ids)}
+    if flags.pop("norm_before_fc", False):
+        eagle_config["norm_before_fc"] = True
+    config = {
         **layer,
+        **flags,
         "architectures": [architecture],
-        "draft_vocab_size": dims.draft_vocab_size,
         "target_hidden_size": dims.target_hidden_size,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(dims.aux_layer_ids)},
+        "eagle_config": eagle_config,
     }
+    if not variant.full_vocab:
+        config["draft_vocab_size"] = dims.draft_vocab_size
+    if source_format is SourceFormat.SGLANG_MLA:
+        del config["head_dim"], config["num_key_value_heads"]
+        config |= {"model_type": "deepseek_v3", "hidden_act": "silu", "rope_scaling": None}
+        config |= {field: getattr(mla, field) for field in MLA_FIELD_NAMES}
+    return config
 
 
-def target_config(dims: FixtureDims) -> dict[str, Any]:
-    """A target model config (DeepSeek-V3 family, like Kimi K2) matching ``dims``."""
-    return {
+MLA_FIELD_NAMES = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def target_config(
+    dims: FixtureDims, *, mla: MlaFixtureDims = TINY_MLA, multimodal: bool = False
+) -> dict[str, Any]:
+    """A target model config (DeepSeek-V3 family, like Kimi K2) matching ``dims``.
+
+    ``multimodal`` wraps it the way Kimi-K2.5 does: KimiK25ForConditionalGeneration with the
+    language model's config under ``text_config``.
+    """
+    text = {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
         "vocab_size": dims.vocab_size,
         "hidden_size": dims.target_hidden_size,
         "num_hidden_layers": dims.target_layers,
+        **{field: getattr(mla, field) for field in MLA_FIELD_NAMES},
+    }
+    if not multimodal:
+        return text
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text,
+        "vision_config": {"model_type": "kimi_k25_vision", "patch_size": 14, "vt_hidden_size": 1152},
+        "media_placeholder_token_id": 163605,
     }
 
 
-def write_target_config(root: Path, dims: FixtureDims) -> Path:
+def write_target_config(
+    root: Path, dims: FixtureDims, *, mla: MlaFixtureDims = TINY_MLA, multimodal: bool = False
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(target_config(dims), indent=2))
+    config = target_config(dims, mla=mla, multimodal=multimodal)
+    (root / "config.json").write_text(json.dumps(config, indent=2))
     return root
 
 
@@ -304,3 +410,198 @@ def _write_pickle(checkpoint: FixtureCheckpoint, path: Path) -> None:
         else:
             state[name] = torch.from_numpy(array.copy())
     torch.save(state, path)
+
+
+# -- the corpus: one generated draft per published shape ----------------------------------------------
+
+_SPECULATORS_0_9_TOP = {
+    # What speculators 0.9.0's Eagle3SpeculatorConfig.to_diff_dict writes beside the model fields.
+    "embed_requires_grad": False,
+    "speculators_version": "0.9.0",
+    "transformers_version": "4.55.4",
+    "tie_word_embeddings": False,
+    "speculators_config": {
+        "algorithm": "eagle3",
+        "default_proposal_method": "greedy",
+        "proposal_methods": [
+            {
+                "proposal_type": "greedy",
+                "speculative_tokens": 3,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "verifier": {
+            "architectures": ["LlamaForCausalLM"],
+            "name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
+        },
+    },
+}
+_SPECFORGE_LLAMA = {
+    # LlamaConfig.save_pretrained fields a SpecForge 0.2.0 export carries beside the draft's own.
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "initializer_range": 0.02,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "rope_scaling": None,
+    "use_cache": True,
+    "transformers_version": "4.55.2",
+}
+
+
+@dataclass(frozen=True)
+class PublishedShape:
+    """A published draft format, generated tiny: its checkpoint and how it is written to disk."""
+
+    name: str
+    description: str
+    checkpoint: FixtureCheckpoint
+    as_pickle: bool = False
+
+
+def _speculators(variant: Variant = PLAIN, **top: Any) -> FixtureCheckpoint:
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS, variant=variant)
+    checkpoint.config |= _SPECULATORS_0_9_TOP | top
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        checkpoint.config.setdefault(flag, False)
+    return checkpoint
+
+
+def _speculators_dtype() -> FixtureCheckpoint:
+    """transformers >= 4.56 writes ``dtype`` where older versions wrote ``torch_dtype``."""
+    checkpoint = _speculators(Variant(norm_before_fc=True, norm_output=True))
+    checkpoint.config["dtype"] = checkpoint.config.pop("torch_dtype")
+    checkpoint.config["transformer_layer_config"]["dtype"] = checkpoint.config[
+        "transformer_layer_config"
+    ].pop("torch_dtype")
+    checkpoint.config |= {"target_hidden_size": None, "transformers_version": "4.57.1"}
+    return checkpoint
+
+
+def _speculators_legacy() -> FixtureCheckpoint:
+    """An early speculators export: torch_dtype and has_no_defaults_at_init, no EAGLE-3.1 flags."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    checkpoint.config |= {"has_no_defaults_at_init": False, "transformers_version": "4.53.0"}
+    return checkpoint
+
+
+def _speculators_qwen3() -> FixtureCheckpoint:
+    checkpoint = _speculators()
+    checkpoint.config["transformer_layer_config"]["model_type"] = "qwen3"
+    for norm in ("q_norm", "k_norm"):
+        checkpoint.tensors[f"layers.0.self_attn.{norm}.weight"] = FixtureTensor(
+            "BF16", (TINY.head_dim,), seed=77, kind="norm"
+        )
+    return checkpoint
+
+
+def _specforge(variant: Variant = PLAIN) -> FixtureCheckpoint:
+    """SpecForge 0.2.0's export: a LlamaConfig with draft_vocab_size, midlayer.* and both vocab buffers
+    (all-ones t2d and zero d2t when the draft keeps the full vocabulary)."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=variant)
+    checkpoint.config |= _SPECFORGE_LLAMA
+    del checkpoint.config["eagle_config"]  # SpecForge's fc is fixed at 3 aux states
+    if variant.full_vocab:
+        checkpoint.config["draft_vocab_size"] = TINY.vocab_size
+        zeros = np.zeros(TINY.vocab_size, dtype=np.int64)
+        checkpoint.tensors["d2t"] = FixtureTensor("I64", zeros.shape, zeros)
+        ones = np.ones(TINY.vocab_size, dtype=np.bool_)
+        checkpoint.tensors["t2d"] = FixtureTensor("BOOL", ones.shape, ones)
+    return checkpoint
+
+
+def _native_legacy_eagle31() -> FixtureCheckpoint:
+    """An EAGLE-3.1 draft with the legacy names SGLang still maps: use_aux_norm, aux_norm_low/mid/high."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=Variant(fc_norm=True, norm_output=True))
+    checkpoint.config["use_aux_norm"] = checkpoint.config.pop("fc_norm")
+    for index, legacy in enumerate(("aux_norm_low", "aux_norm_mid", "aux_norm_high")):
+        checkpoint.tensors[f"{legacy}.weight"] = checkpoint.tensors.pop(f"fc_norm.{index}.weight")
+    return checkpoint
+
+
+def _mla(variant: Variant = PLAIN, *, layers_prefix: bool = False) -> FixtureCheckpoint:
+    checkpoint = build_checkpoint(SourceFormat.SGLANG_MLA, variant=variant)
+    if layers_prefix:
+        checkpoint.tensors = {
+            ("layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name): tensor
+            for name, tensor in checkpoint.tensors.items()
+        }
+    return checkpoint
+
+
+def published_shapes() -> list[PublishedShape]:
+    """One tiny draft per publicly seen format, with that format's exact config fields and key names."""
+    eagle31 = Variant(norm_before_fc=True, norm_output=True)
+    return [
+        PublishedShape("speculators-0.9", "speculators 0.9.0 eagle3 export, llama layer", _speculators()),
+        PublishedShape(
+            "speculators-dtype",
+            "transformers >= 4.56 dtype, norm_before_fc + norm_output",
+            _speculators_dtype(),
+        ),
+        PublishedShape(
+            "speculators-legacy",
+            "early speculators export (torch_dtype, has_no_defaults_at_init)",
+            _speculators_legacy(),
+        ),
+        PublishedShape(
+            "speculators-eagle31",
+            "EAGLE-3.1 llama default: norm_before_fc + norm_output",
+            _speculators(eagle31),
+        ),
+        PublishedShape(
+            "speculators-fc-norm",
+            "EAGLE-3.1 fc_norm + norm_output",
+            _speculators(Variant(fc_norm=True, norm_output=True)),
+        ),
+        PublishedShape(
+            "speculators-full-vocab",
+            "draft_vocab_size = vocab_size, no d2t/t2d",
+            _speculators(Variant(full_vocab=True)),
+        ),
+        PublishedShape("speculators-qwen3", "qwen3 draft layer (q_norm/k_norm)", _speculators_qwen3()),
+        PublishedShape(
+            "speculators-norm-before-residual",
+            "norm_before_residual: true",
+            _speculators(norm_before_residual=True),
+        ),
+        PublishedShape("specforge-0.2", "SpecForge 0.2.0 export (SGLang-native)", _specforge()),
+        PublishedShape(
+            "specforge-full-vocab",
+            "SpecForge full vocabulary: zero d2t, all-true t2d",
+            _specforge(Variant(full_vocab=True)),
+        ),
+        PublishedShape(
+            "eagle-pickle",
+            "SafeAILab EAGLE3: LlamaForCausalLM, pytorch_model.bin",
+            build_checkpoint(SourceFormat.EAGLE),
+            as_pickle=True,
+        ),
+        PublishedShape(
+            "native-full-vocab-head",
+            "no draft_vocab_size, own full-vocab lm_head",
+            build_checkpoint(SourceFormat.SGLANG, variant=Variant(full_vocab=True)),
+        ),
+        PublishedShape(
+            "native-target-head",
+            "no draft_vocab_size, no lm_head",
+            build_checkpoint(SourceFormat.SGLANG, variant=Variant(full_vocab=True, head=False)),
+        ),
+        PublishedShape(
+            "native-eagle31-legacy", "use_aux_norm with aux_norm_low/mid/high", _native_legacy_eagle31()
+        ),
+        PublishedShape(
+            "native-norm-before-fc",
+            "eagle_config.norm_before_fc with input_norm",
+            build_checkpoint(SourceFormat.SGLANG, variant=eagle31),
+        ),
+        PublishedShape("kimi-k25-eagle3-mla", "Eagle3DeepseekV2ForCausalLM, midlayer.*", _mla()),
+        PublishedShape(
+            "kimi-k26-eagle31-mla",
+            "MLA with fc_norm + norm_output, layers.0.*",
+            _mla(Variant(fc_norm=True, norm_output=True), layers_prefix=True),
+        ),
+    ]

@@ -12,8 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.convert.eagle3_format import LayerNaming, SourceFormat
+from workers.sglang.drafts import DraftFeature
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 REPORT_FILE = "conversion.json"
 
 
@@ -63,6 +64,14 @@ class CheckResult(_Strict):
     detail: str = Field(description="what was checked, or the warnings")
 
 
+class FeatureNeed(_Strict):
+    """A feature of the output that only newer SGLang versions load."""
+
+    feature: DraftFeature = Field(description="the draft feature")
+    minimum_sglang: str = Field(description="the first probed SGLang version that loads it")
+    older: str = Field(description="what an older SGLang does with it instead")
+
+
 class ConversionReport(_Strict):
     """Everything about one conversion; ``reused`` is true when a re-run found it already done."""
 
@@ -73,6 +82,17 @@ class ConversionReport(_Strict):
     source_format: SourceFormat = Field(description="detected (or given) input format")
     detection: str = Field(description="why that format: the evidence, or 'given with --from'")
     layout: LayerNaming = Field(description="output key layout for the draft layer")
+    sglang_version: str = Field(
+        description="the SGLang version the output was checked for (--sglang-version, default the pinned one)"
+    )
+    needs: list[FeatureNeed] = Field(
+        description="output features that older SGLang versions cannot load, with the minimum version"
+    )
+    minimum_sglang: str = Field(description="the oldest SGLang version that loads the output as converted")
+    lm_head: Literal["draft", "target"] = Field(
+        description="draft: SGLang serves the draft's own lm_head; target: the draft has none and SGLang "
+        "serves the target's (draft_vocab_size unset, load_lm_head_from_target)"
+    )
     source_files: list[SourceFile] = Field(description="every input file read, with its hash")
     source_digest: str = Field(description="XXH3-128 over the source files' paths and digests")
     target_config_digest: str | None = Field(

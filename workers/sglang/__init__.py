@@ -5,6 +5,7 @@
 - ``resolver``: the bridge that runs SGLang's own parser and resolver in SGLang's interpreter.
 - ``validate``: both layers combined into one report per launch command (and a batch API).
 - ``api``: HTTP endpoint paths, response fields and metric names.
+- ``drafts``: what the EAGLE3 draft loaders read, and the first SGLang version that loads each feature.
 """
 
 from workers.sglang.api import SGLANG_VERSION

@@ -108,6 +108,14 @@ class Resolution:
         archs = (self.target or {}).get("architectures") or []
         return archs[0] if archs else None
 
+    @property
+    def target_text(self) -> dict[str, Any]:
+        """The target's language-model config: a multimodal wrapper's ``text_config`` (Kimi-K2.5's
+        KimiK25ForConditionalGeneration keeps vocab and layers there), else the config itself."""
+        target = self.target or {}
+        text = target.get("text_config")
+        return text if isinstance(text, dict) else target
+
     def fail(self, code: str, message: str, suggestion: str | None = None, *, stop: bool = False) -> None:
         self.errors.append(Finding(code, message, suggestion))
         self.stopped = self.stopped or stop
@@ -189,7 +197,7 @@ def check_draft_path(res: Resolution) -> None:
     if res.draft_path is not None:
         return
     arch = res.target_architecture
-    has_mtp = bool((res.target or {}).get("num_nextn_predict_layers"))
+    has_mtp = bool(res.target_text.get("num_nextn_predict_layers"))
     if res.effective.speculative_algorithm == "EAGLE3":
         if arch in MTP_TARGET_ARCHITECTURES and has_mtp:
             res.warnings.append(
@@ -214,7 +222,7 @@ def check_draft_path(res: Resolution) -> None:
                 Finding(
                     "target_has_no_mtp",
                     f"no draft path: SGLang drafts with the target's MTP layers, but its config has "
-                    f"num_nextn_predict_layers={res.target.get('num_nextn_predict_layers') if res.target else None}",
+                    f"num_nextn_predict_layers={res.target_text.get('num_nextn_predict_layers')}",
                     "add --speculative-draft-model-path",
                 )
             )
@@ -249,7 +257,7 @@ def check_draft_architecture(res: Resolution) -> None:
             "LlamaForCausalLMEagle3 (a plain LlamaForCausalLM is built as the wrong class and crashes at load)",
             "convert the drafter with `specsweep convert` (it writes the architecture SGLang loads)",
         )
-    target_vocab = (res.target or {}).get("vocab_size")
+    target_vocab = res.target_text.get("vocab_size")
     if target_vocab is not None and res.draft.get("vocab_size") not in (None, target_vocab):
         res.fail(
             "draft_vocab_mismatch",
@@ -386,7 +394,7 @@ def check_rejection_sampling(res: Resolution) -> None:
     ):
         problems.append("it ignores the accept thresholds, which must stay 1.0")
     draft_vocab = (res.draft or {}).get("draft_vocab_size")
-    target_vocab = (res.target or {}).get("vocab_size")
+    target_vocab = res.target_text.get("vocab_size")
     if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
         problems.append(f"it needs draft vocab == target vocab ({draft_vocab} != {target_vocab})")
     if problems:

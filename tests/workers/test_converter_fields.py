@@ -1,0 +1,134 @@
+"""Config fields: each published speculators field is mapped or dropped as speculators' code defines it;
+the SGLang version the nodes run decides which features may be written; the head SGLang serves is said.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from workers.convert.converter import ConvertOptions, convert, convert_cached
+from workers.convert.eagle3_format import SPECULATORS_FIELDS, FieldAction, LayerNaming, SourceFormat
+from workers.convert.fixtures import TINY, Variant, build_checkpoint, published_shapes, write_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+SHAPES = {shape.name: shape for shape in published_shapes()}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_convert_drops_provenance_and_maps_dtype_when_speculators_export_has_published_fields(
+    tmp_path: Path,
+) -> None:
+    """A speculators 0.9.0 export with dtype (transformers >= 4.56), tie_word_embeddings, the proposal
+    settings and every provenance field converts: each dropped field is reported with its reason,
+    dtype becomes torch_dtype, and no speculators field reaches config.json."""
+    checkpoint = SHAPES["speculators-dtype"].checkpoint
+    checkpoint.config |= {
+        "default_proposal_method": "greedy",
+        "proposal_methods": [],
+        "has_no_defaults_at_init": False,
+    }
+    report = convert(write_checkpoint(checkpoint, tmp_path / "src"), tmp_path / "out")
+
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and "dtype" not in config
+    assert config["tie_word_embeddings"] is False
+    assert not set(config) & {
+        name for name, rule in SPECULATORS_FIELDS.items() if rule.action is FieldAction.PROVENANCE
+    }
+    assert config["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": list(TINY.aux_layer_ids),
+        "norm_before_fc": True,
+    }
+    dropped = [change for change in report.config_changes if change.startswith("dropped")]
+    for field in (
+        "speculators_config",
+        "speculators_version",
+        "transformers_version",
+        "embed_requires_grad",
+        "default_proposal_method",
+        "proposal_methods",
+        "has_no_defaults_at_init",
+    ):
+        assert any(f"field {field}: " in change for change in dropped), field
+
+
+def test_convert_writes_untied_head_when_speculators_layer_config_says_tied(tmp_path: Path) -> None:
+    """speculators never ties (SpeculatorModel forces tie_word_embeddings false), so a tied layer config
+    converts to tie_word_embeddings: false, with the reason in the report."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    checkpoint.config["transformer_layer_config"]["tie_word_embeddings"] = True
+    report = convert(write_checkpoint(checkpoint, tmp_path / "src"), tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
+    assert any("never ties" in change for change in report.config_changes)
+
+
+def test_convert_writes_null_draft_vocab_and_says_target_head_when_draft_has_no_lm_head(
+    tmp_path: Path,
+) -> None:
+    """A full-vocab draft without lm_head gets draft_vocab_size: null (SGLang 0.5.23 fails on a
+    missing key) and the report says SGLang serves the target's head."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=Variant(full_vocab=True, head=False))
+    report = convert(write_checkpoint(checkpoint, tmp_path / "src"), tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "draft_vocab_size" in config and config["draft_vocab_size"] is None
+    assert report.lm_head == "target"
+    assert any("TARGET's lm_head" in change for change in report.config_changes)
+
+
+def test_convert_keeps_trained_head_when_full_vocab_draft_has_its_own_lm_head(tmp_path: Path) -> None:
+    """A full-vocab draft with its own lm_head gets draft_vocab_size = vocab_size, so SGLang serves it."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=Variant(full_vocab=True))
+    report = convert(write_checkpoint(checkpoint, tmp_path / "src"), tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["draft_vocab_size"] == TINY.vocab_size
+    assert report.lm_head == "draft"
+
+
+def test_convert_reports_minimum_sglang_when_output_uses_layers_naming(tmp_path: Path) -> None:
+    """layers.0.* names need SGLang >= 0.5.12; midlayer.* loads in every probed version."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SGLANG), tmp_path / "src")
+    layers = convert(src, tmp_path / "layers", ConvertOptions(layout=LayerNaming.LAYERS))
+    midlayer = convert(src, tmp_path / "midlayer")
+    assert [(n.feature.value, n.minimum_sglang) for n in layers.needs] == [
+        ("layers.0.* weight names", "0.5.12")
+    ]
+    assert layers.minimum_sglang == "0.5.12"
+    assert midlayer.needs == [] and midlayer.minimum_sglang == "0.4.10"
+
+
+def test_convert_cached_converts_again_when_sglang_version_differs(tmp_path: Path) -> None:
+    """The node cache keys on the SGLang version too: its checks depend on it."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SGLANG), tmp_path / "src")
+    first = convert_cached(src, tmp_path / "cache")
+    other = convert_cached(src, tmp_path / "cache", ConvertOptions(sglang_version="0.5.20"))
+    assert other.path != first.path and other.report.sglang_version == "0.5.20"
+
+
+def test_cli_convert_refuses_old_sglang_then_names_minimum_when_draft_has_input_norm(tmp_path: Path) -> None:
+    """`--sglang-version 0.5.16` refuses an input_norm draft naming 0.5.17; the default converts it
+    and prints the feature, its minimum version and whose lm_head is served."""
+    src = write_checkpoint(SHAPES["speculators-eagle31"].checkpoint, tmp_path / "src")
+    old = _cli("convert", str(src), str(tmp_path / "old"), "--sglang-version", "0.5.16")
+    assert old.returncode != 0 and "Traceback" not in old.stderr
+    assert "0.5.17" in old.stderr and "norm_before_fc (input_norm)" in old.stderr
+    assert not (tmp_path / "old").exists()
+
+    new = _cli("convert", str(src), str(tmp_path / "new"))
+    assert new.returncode == 0, new.stderr
+    assert "needs SGLang >= 0.5.17: norm_before_fc (input_norm)" in new.stdout
+    assert "lm_head served: the draft's own" in new.stdout
+    assert "loads in SGLang >= 0.5.17 (checked for 0.5.23)" in new.stdout
+
+
+def test_docs_table_states_each_speculators_field_action_when_read() -> None:
+    """docs/conversion.md has one row per speculators field the converter knows, with its action."""
+    text = (REPO / "docs" / "conversion.md").read_text()
+    for field, rule in SPECULATORS_FIELDS.items():
+        assert f"| `{field}` | {rule.action.value} |" in text, field
