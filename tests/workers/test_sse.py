@@ -31,7 +31,7 @@ def test_decoder_yields_every_data_payload_when_fed_sglang_generate_stream() -> 
     events = _events(raw, [])
     assert [e.data for e in events][-1] == b"[DONE]"
     payloads = [json.loads(e.data) for e in events[:-1]]
-    assert [p["meta_info"]["completion_tokens"] for p in payloads] == [3, 5, 9, 10]
+    assert [p["meta_info"]["completion_tokens"] for p in payloads] == [1, 4, 6, 9, 10]
 
 
 def test_decoder_stamps_event_with_its_first_bytes_read_when_event_spans_reads() -> None:
@@ -103,12 +103,25 @@ def test_response_stream_counts_tokens_per_step_when_generate_chunks_are_cumulat
     """Tokens per chunk are the deltas of completion_tokens; spec stats come from the final meta_info."""
     stream = _stream("generate_spec_stream.sse", api.GENERATE)
     assert stream.done
-    assert stream.chunk_tokens == [3, 2, 4, 1]
+    assert stream.chunk_tokens == [1, 3, 2, 3, 1]  # the prefill's token, then one chunk per verify step
+    _check_generate_final_stats(stream)
+
+
+def test_response_stream_counts_tokens_per_chunk_when_prefill_and_first_step_are_coalesced() -> None:
+    """SGLang's tokenizer manager sends what queued since its last wake-up as one chunk: the prefill's
+    token and the first verify step's arrive together; the deltas and final stats stay exact."""
+    stream = _stream("generate_spec_stream_coalesced.sse", api.GENERATE)
+    assert stream.done
+    assert stream.chunk_tokens == [4, 2, 3, 1]
+    _check_generate_final_stats(stream)
+
+
+def _check_generate_final_stats(stream: ResponseStream) -> None:
     stats = stream.final_stats()
     assert (stats.completion_tokens, stats.prompt_tokens, stats.finish_reason) == (10, 7, "length")
-    assert (stats.spec_verify_ct, stats.spec_accept_length, stats.spec_accept_rate) == (4, 2.5, 0.5)
-    assert (stats.spec_num_correct_drafts, stats.spec_num_proposed_drafts) == (6, 12)
-    assert stats.spec_correct_drafts_histogram == [1, 1, 1, 1]
+    assert (stats.spec_verify_ct, stats.spec_accept_length, stats.spec_accept_rate) == (4, 2.5, 5 / 12)
+    assert (stats.spec_num_correct_drafts, stats.spec_num_proposed_drafts) == (5, 12)
+    assert stats.spec_correct_drafts_histogram == [1, 1, 2, 0]
 
 
 def test_response_stream_reads_usage_and_sglext_when_route_is_chat() -> None:

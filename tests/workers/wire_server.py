@@ -2,7 +2,8 @@
 
 Not a mock of our code: it is a wire fixture. The first path segment picks the behaviour
 (``http://127.0.0.1:PORT/<mode>`` as the base URL, so ``/<mode>/generate`` is requested), and each
-behaviour writes a fixed byte sequence: a recorded SGLang stream, a stream reset mid-way, a stream
+behaviour writes a fixed byte sequence: a recorded SGLang stream (at once, or paced one event per
+chunk), a stream reset mid-way, a stream
 that ends without ``[DONE]``, a page that is not SSE, a stream that stalls.
 """
 
@@ -25,6 +26,14 @@ _FIRST_CHUNK = (
 )
 
 
+# Paced modes: a recorded stream with one HTTP chunk per SSE event, PACE_S apart (as a server sends them).
+PACED = {
+    "paced_nominal": "generate_spec_stream.sse",
+    "paced_coalesced": "generate_spec_stream_coalesced.sse",
+}
+PACE_S = 0.05
+
+
 def _chunked(body: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(body), body)
 
@@ -39,6 +48,18 @@ async def _read_request(reader: asyncio.StreamReader) -> str:
             length = int(value)
     await reader.readexactly(length)
     return head.split(" ")[1]
+
+
+async def _write_paced(writer: asyncio.StreamWriter, stream: bytes) -> None:
+    """Each event of ``stream`` in its own chunk, flushed, then PACE_S before the next (none after [DONE])."""
+    writer.write(_HEAD)
+    events = [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+    for k, event in enumerate(events):
+        if k:
+            await asyncio.sleep(PACE_S)
+        writer.write(_chunked(event))
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -63,6 +84,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, se
                 writer.write(
                     _HEAD + _chunked((STREAMS / "generate_spec_stream.sse").read_bytes()) + b"0\r\n\r\n"
                 )
+            elif mode in PACED:
+                await _write_paced(writer, (STREAMS / PACED[mode]).read_bytes())
             elif mode == "reset":
                 writer.write(_HEAD + _chunked(_FIRST_CHUNK))
                 await writer.drain()
