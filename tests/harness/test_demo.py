@@ -24,8 +24,20 @@ DURATION_S = 6.0  # the demo runs 8 s per level; fewer requests at concurrency 1
 
 @pytest.fixture(scope="module")
 def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo spec, 3 s per level, run on two simulated 8-GPU nodes (builtin validation: fast)."""
-    out = tmp_path_factory.mktemp("demo") / "results"
+    """The demo spec, 3 s per level, run on two simulated 8-GPU nodes (builtin validation: fast).
+
+    The nodes' drafter cache is this run's own (the raylets inherit the variable): the drafter is
+    converted here, never taken from an earlier run's /tmp/specsweep-<uid>/drafters.
+    """
+    cache = tmp_path_factory.mktemp("drafters")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPECSWEEP_DRAFTER_CACHE", str(cache))
+        out = _run_reduced_demo(tmp_path_factory.mktemp("demo") / "results")
+    assert any(cache.iterdir()), "the demo's nodes did not convert the drafter into their own cache"
+    return out
+
+
+def _run_reduced_demo(out: Path) -> Path:
     prepare_output(out)
     spec, _ = demo_spec(out, write_demo_inputs(out))
     data = spec.model_dump(mode="json")

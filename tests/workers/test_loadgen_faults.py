@@ -164,13 +164,13 @@ def test_load_command_writes_records_made_when_interrupted(wire: WireServer, tmp
     out = tmp_path / "load.parquet"
     argv = [sys.executable, "-m", "harness.cli", "load", "--url", wire.url("stall"), "--concurrency", "2"]
     argv += ["--requests", "6", "--input-tokens", "8", "--output-tokens", "10", "--out", str(out)]
-    before = len(wire.requests_seen)
+    before = len(wire.stalled)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        # Both streams stalled after their first chunk, and the client has read both chunks.
         deadline = time.monotonic() + 60
-        while len(wire.requests_seen) < before + 2 and time.monotonic() < deadline:
+        while (len(wire.stalled) < before + 2 or wire.unread_by_clients()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:

@@ -69,7 +69,9 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[str]) -> None:
+async def _handle(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[str], stalled: list[str]
+) -> None:
     try:
         while True:
             path = await _read_request(reader)
@@ -104,6 +106,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, se
             elif mode == "stall":
                 writer.write(_HEAD + _chunked(_FIRST_CHUNK))
                 await writer.drain()
+                stalled.append(path)
                 await asyncio.sleep(3600)
             elif mode == "http_503":
                 body = b'{"error":{"message":"overloaded"}}'
@@ -126,10 +129,11 @@ class WireServer:
         self._server: asyncio.Server | None = None
         self.port = 0
         self.requests_seen: list[str] = []  # paths of the requests answered by a mode, in arrival order
+        self.stalled: list[str] = []  # "stall" requests whose first chunk was handed to the kernel
 
     def __enter__(self) -> WireServer:
         self._thread.start()
-        handler = functools.partial(_handle, seen=self.requests_seen)
+        handler = functools.partial(_handle, seen=self.requests_seen, stalled=self.stalled)
         future = asyncio.run_coroutine_threadsafe(asyncio.start_server(handler, "127.0.0.1", 0), self._loop)
         self._server = future.result(timeout=10)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -137,6 +141,17 @@ class WireServer:
 
     def url(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}"
+
+    def unread_by_clients(self) -> int:
+        """Bytes this server sent that its clients' sockets hold unread (their receive queues, from
+        /proc/net/tcp): 0 once every client process has read everything it was sent."""
+        unread = 0
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].split(":")[1], 16)
+            if remote_port == self.port and fields[3] == "01":  # ESTABLISHED, a client's end
+                unread += int(fields[4].split(":")[1], 16)
+        return unread
 
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
