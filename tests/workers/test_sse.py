@@ -138,3 +138,68 @@ def test_response_stream_raises_server_error_when_stream_carries_error_event() -
     with pytest.raises(StreamError, match="400 The request was aborted") as caught:
         stream.final_stats()
     assert caught.value.error_type == "server_error"
+
+
+def _stream_of(endpoint: str, *payloads: bytes) -> ResponseStream:
+    """A stream built from payloads, the k-th event arriving in read k, then [DONE]."""
+    stream = ResponseStream(endpoint)
+    raw = b"".join(b"data: " + p + b"\n\n" for p in (*payloads, api.SSE_DONE))
+    stream.add_events(_events(raw, [i + 1 for i, b in enumerate(raw) if raw[i - 1 : i + 1] == b"\n\n"][:-1]))
+    return stream
+
+
+def test_response_stream_stamps_each_token_chunk_when_events_arrive_in_separate_reads() -> None:
+    """A chunk's arrival is its first byte's read; [DONE]'s is ``done_ns``; chunks without new tokens
+    are not token chunks; the simulator's send stamp is kept per token chunk, and absent it none is."""
+    meta = '{"meta_info":{"completion_tokens":%d,"sim_send_ns":%d}}'
+    stream = _stream_of(api.GENERATE, *(meta.encode() % (n, 100 + n) for n in (1, 4, 4, 6)))
+    assert (stream.chunk_tokens, stream.chunk_arrival_ns, stream.done_ns) == ([1, 3, 2], [0, 1, 3], 4)
+    assert stream.server_chunk_ns == [101, 104, 106]
+    plain = _stream("generate_spec_stream.sse", api.GENERATE)
+    assert plain.server_chunk_ns == [] and plain.completion_tokens == 10
+
+
+@pytest.mark.parametrize(
+    "payloads",
+    [
+        (),  # [DONE] alone
+        (b'{"text":"a","meta_info":{"completion_tokens":1}}', b"{not json}"),
+        (b'{"text":"a","meta_info":{"completion_tokens":1}}', b"[1, 2]"),
+        (b'{"text":"a","completion_tokens":1}',),  # no meta_info
+    ],
+)
+def test_response_stream_raises_malformed_sse_when_generate_stream_cannot_be_read(
+    payloads: tuple[bytes, ...],
+) -> None:
+    """A /generate stream with no chunk, a chunk that is not a JSON object, or no final meta_info is a
+    ``malformed_sse`` error naming what is wrong, never a crash."""
+    with pytest.raises(StreamError) as caught:
+        _stream_of(api.GENERATE, *payloads).final_stats()
+    assert caught.value.error_type == "malformed_sse"
+    assert any(s in str(caught.value) for s in ("no chunk", "not JSON", "not a JSON object", "no meta_info"))
+
+
+def test_response_stream_reads_plain_finish_and_error_without_code_when_server_sends_them() -> None:
+    """A finish reason given as a string is kept; an error object without a code reads as its message."""
+    stats = _stream_of(
+        api.GENERATE, b'{"meta_info":{"completion_tokens":2,"prompt_tokens":3,"finish_reason":"stop"}}'
+    ).final_stats()
+    assert (stats.finish_reason, stats.completion_tokens, stats.prompt_tokens) == ("stop", 2, 3)
+    with pytest.raises(StreamError, match=r"^overloaded$"):
+        _stream_of(api.GENERATE, b'{"error":{"message":"overloaded"}}').final_stats()
+
+
+def test_response_stream_has_no_spec_stats_when_chat_server_does_not_speculate() -> None:
+    """SGLang's sglext reports verify count 0 without speculation: every spec_* field is then null, while
+    the counts come from usage and the finish reason from the choice."""
+    usage = b'{"choices":[{"delta":{"content":"a"},"finish_reason":null}],"usage":{"completion_tokens":1}}'
+    finish = b'{"choices":[{"delta":{},"finish_reason":"length"}]}'
+    sglext = b'{"choices":[],"sglext":{"spec_tokens_details":{"spec_verify_ct":0,"spec_accept_length":1.0,'
+    sglext += b'"spec_accept_rate":0.0,"spec_num_correct_drafts":0,"spec_num_proposed_drafts":0,'
+    sglext += b'"spec_correct_drafts_histogram":[]}}}'
+    last = b'{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}'
+    stats = _stream_of(api.CHAT_COMPLETIONS, usage, finish, sglext, last).final_stats()
+    assert (stats.completion_tokens, stats.prompt_tokens, stats.finish_reason) == (1, 4, "length")
+    assert stats.spec_verify_ct is None and stats.spec_accept_length is None
+    assert stats.spec_accept_rate is None and stats.spec_num_correct_drafts is None
+    assert stats.spec_num_proposed_drafts is None and stats.spec_correct_drafts_histogram is None
