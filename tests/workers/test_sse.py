@@ -203,3 +203,19 @@ def test_response_stream_has_no_spec_stats_when_chat_server_does_not_speculate()
     assert stats.spec_verify_ct is None and stats.spec_accept_length is None
     assert stats.spec_accept_rate is None and stats.spec_num_correct_drafts is None
     assert stats.spec_num_proposed_drafts is None and stats.spec_correct_drafts_histogram is None
+
+
+def test_response_stream_reads_bare_chat_and_string_errors_when_extras_are_absent() -> None:
+    """A chat stream without usage or sglext chunks (no stream_options asked) has null counts and spec
+    stats and no finish reason yet, rather than failing; an error given as a bare string reads as itself."""
+    stats = _stream_of(
+        api.CHAT_COMPLETIONS, b'{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}'
+    ).final_stats()
+    assert (stats.completion_tokens, stats.prompt_tokens, stats.finish_reason, stats.spec_verify_ct) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    with pytest.raises(StreamError, match=r"^boom$"):
+        _stream_of(api.GENERATE, b'{"error":"boom"}').final_stats()
