@@ -6,7 +6,10 @@ tokens (EAGLE3 chain of 2 drafts, acceptance ~1), prefill takes one 20 ms step, 
 20/3 ms and ``streams / 1.72 s`` requests per second (1 prefill + 85 decode steps). At concurrency 256
 and 1024, the same requests (count, lengths) are sent by ``workers.load.generator`` and by
 ``python -m sglang.benchmark.serving --backend sglang`` (random-ids, from .venv-sglang), each against a
-fresh server. Reported: achieved req/s and tok/s, TTFT and TPOT medians against the server-side truth
+fresh server. Reported: achieved req/s and tok/s over the same window for both clients (first request
+start to last request end; SGLang's client's is recorded in its process by bench/sglang_client_window.py,
+its own figure, whose window also holds task creation, connects and a /server_info call, kept as
+``sglang_reported``), TTFT and TPOT medians against the server-side truth
 (the server's own send stamps, and the design values), and our client-added delay per chunk (arrival
 minus the server's send stamp; p50/p99 over all chunks).
 
@@ -156,8 +159,8 @@ def run_ours(url: str, streams: int, processes: int | None = None) -> LoadResult
 def run_sglang(url: str, streams: int, tokenizer: Path, out: Path) -> dict:
     argv = [
         str(SGLANG_PYTHON),
-        "-m",
-        "sglang.benchmark.serving",
+        str(REPO / "bench" / "sglang_client_window.py"),
+        str(out.with_suffix(".window.jsonl")),
         "--backend",
         "sglang",
         "--base-url",
@@ -185,7 +188,9 @@ def run_sglang(url: str, streams: int, tokenizer: Path, out: Path) -> dict:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=out.parent)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"sglang.benchmark.serving failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(out.read_text().splitlines()[-1])
+    result = json.loads(out.read_text().splitlines()[-1])
+    result["window"] = json.loads(out.with_suffix(".window.jsonl").read_text().splitlines()[-1])
+    return result
 
 
 def report_ours(streams: int, result: LoadResult, cpu: dict[str, float | int], tag: str) -> float:
@@ -271,15 +276,36 @@ def emit_cpu_per_chunk(tag: str, chunks: int, common: dict) -> None:
 
 
 def report_sglang(streams: int, out: dict, cpu: dict[str, float | int]) -> float:
-    """SGLang's client's lines, from its own output file (it has no per-request server stamps)."""
+    """SGLang's client's lines, from its own output file (it has no per-request server stamps).
+
+    Throughput is over ours' window definition, first request start to last request end (recorded by
+    ``bench/sglang_client_window.py`` in the client's process); SGLang's own figure, whose window also
+    holds task creation, connects and a ``/server_info`` call, is kept as ``sglang_reported``.
+    """
     ideal = streams / IDEAL_REQUEST_S
     tag = f"loadgen.c{streams}.sglang_client"
     completed = int(out["completed"])
     common = {"streams": streams, "requests": CYCLES * streams, "errors": CYCLES * streams - completed, **cpu}
-    req_s = float(out["request_throughput"])
+    window = out["window"]
+    duration_s = window["last_end_s"] - window["first_start_s"]
+    req_s = completed / duration_s
     tpot = float(out["median_tpot_ms"])
-    emit(f"{tag}.req_s", "req/s", req_s, ideal_req_s=ideal, ratio_to_ideal=req_s / ideal, **common)
-    emit(f"{tag}.tok_s", "tok/s", float(out["output_throughput"]), **common)
+    emit(
+        f"{tag}.req_s",
+        "req/s",
+        req_s,
+        ideal_req_s=ideal,
+        ratio_to_ideal=req_s / ideal,
+        sglang_reported=float(out["request_throughput"]),
+        **common,
+    )
+    emit(
+        f"{tag}.tok_s",
+        "tok/s",
+        float(out["total_output_tokens"]) / duration_s,
+        sglang_reported=float(out["output_throughput"]),
+        **common,
+    )
     emit(f"{tag}.ttft_p50", "ms", float(out["median_ttft_ms"]), design_truth_ms=TRUE_TTFT_MS, **common)
     emit(
         f"{tag}.tpot_p50",

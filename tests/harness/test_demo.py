@@ -24,8 +24,20 @@ DURATION_S = 6.0  # the demo runs 8 s per level; fewer requests at concurrency 1
 
 @pytest.fixture(scope="module")
 def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo spec, 3 s per level, run on two simulated 8-GPU nodes (builtin validation: fast)."""
-    out = tmp_path_factory.mktemp("demo") / "results"
+    """The demo spec, 3 s per level, run on two simulated 8-GPU nodes (builtin validation: fast).
+
+    The nodes' drafter cache is this run's own (the raylets inherit the variable): the drafter is
+    converted here, never taken from an earlier run's /tmp/specsweep-<uid>/drafters.
+    """
+    cache = tmp_path_factory.mktemp("drafters")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPECSWEEP_DRAFTER_CACHE", str(cache))
+        out = _run_reduced_demo(tmp_path_factory.mktemp("demo") / "results")
+    assert any(cache.iterdir()), "the demo's nodes did not convert the drafter into their own cache"
+    return out
+
+
+def _run_reduced_demo(out: Path) -> Path:
     prepare_output(out)
     spec, _ = demo_spec(out, write_demo_inputs(out))
     data = spec.model_dump(mode="json")
@@ -81,6 +93,48 @@ def test_demo_picks_simulators_true_best_config_when_run_at_each_level(demo_out:
         assert winner == _true_winner(con, level, int(level.split("=")[1])), (level, winner)
     assert winners["concurrency=1"] != winners["concurrency=64"]
     con.close()
+
+
+# Tolerances of the end-to-end truth test, from a 6 s level on a loaded 2-core box (measured there: 3% on
+# throughput, 4% on speedup, 6% on TPOT, whose median the measurement takes where the truth is a mean).
+THROUGHPUT_TOLERANCE = 0.05
+SPEEDUP_TOLERANCE = 0.07
+TPOT_TOLERANCE = 0.10
+
+
+def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_level(demo_out: Path) -> None:
+    """Not only the winner: every config's throughput, speedup over the baseline and TPOT at every level
+    are the simulator's ground truth (at the level's own request count) within the stated tolerances, so
+    a uniform bias (a duration off, a rate divided by the GPUs twice, a scaled TPOT) fails here."""
+    con = connect(demo_out)
+    rows = con.sql(
+        "SELECT r.load_level, j.config_label, j.effective_speculative_algorithm, "
+        "j.effective_speculative_num_steps, j.effective_speculative_eagle_topk, "
+        "j.effective_speculative_num_draft_tokens, j.effective_max_running_requests, "
+        "count(*) FILTER (WHERE r.error_type IS NULL), median(r.tpot_ms) FILTER (WHERE r.error_type IS NULL), "
+        "any_value(l.output_tok_s) "
+        "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
+        "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
+        "WHERE NOT r.warmup GROUP BY ALL"
+    ).fetchall()
+    con.close()
+    from workers.sglang import SpecParams
+
+    measured: dict[tuple[str, str], tuple[float, float]] = {}
+    truth: dict[tuple[str, str], tuple[float, float]] = {}
+    for level, label, algo, steps, topk, draft, mrr, n, tpot_ms, tok_s in rows:
+        load = Load(concurrency=int(level.split("=")[1]), input_len=256, output_len=128, num_requests=n)
+        true = ground_truth(DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load)
+        measured[level, label] = (tok_s, tpot_ms)
+        truth[level, label] = (true.output_throughput, true.tpot_s * 1e3)
+    assert len(measured) == 15
+    for (level, label), (tok_s, tpot_ms) in measured.items():
+        true_tok_s, true_tpot_ms = truth[level, label]
+        assert tok_s == pytest.approx(true_tok_s, rel=THROUGHPUT_TOLERANCE), (level, label)
+        assert tpot_ms == pytest.approx(true_tpot_ms, rel=TPOT_TOLERANCE), (level, label)
+        speedup = tok_s / measured[level, "baseline"][0]
+        true_speedup = true_tok_s / truth[level, "baseline"][0]
+        assert speedup == pytest.approx(true_speedup, rel=SPEEDUP_TOLERANCE), (level, label)
 
 
 def test_demo_winner_command_is_an_sglang_launch_when_engine_is_sim(demo_out: Path) -> None:

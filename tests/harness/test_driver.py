@@ -36,6 +36,7 @@ from harness.spec import SweepSpec, parse_spec
 from specsweep.errors import ClusterError
 from workers.convert.eagle3_format import SourceFormat
 from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
+from workers.node.launcher import group_members, pid_dir
 
 pytestmark = pytest.mark.ray
 
@@ -151,19 +152,44 @@ def committed_jobs_file(out: Path, sweep_id: str, job_id: str) -> Path:
     return out / "jobs" / f"sweep={sweep_id}" / f"job={job_id}" / "part-0.parquet"
 
 
-def processes_of_job(job_id: str) -> list[int]:
-    """Live processes whose environment says they serve ``job_id`` (the worker sets SPECSWEEP_JOB_ID)."""
-    found = []
+def server_routes(job_id: str) -> dict[str, set[int]]:
+    """A job's live server processes, found three independent ways.
+
+    The environment the worker gives its server (SPECSWEEP_JOB_ID), the server log under the job's
+    folder that the server's stdout is open on, and the process groups the node's pid files record for
+    the job. A "no process left" check must not pass because one of them stopped marking the servers, so
+    it asks all three, and a test shows each finds the servers while a job runs.
+    """
+    routes: dict[str, set[int]] = {"env": set(), "log": set(), "pid_file": set()}
+    log_dir = f"{os.sep}logs{os.sep}{job_id}{os.sep}"
     for proc in psutil.process_iter(["pid", "status"]):
         try:
-            if (
-                proc.info["status"] != psutil.STATUS_ZOMBIE
-                and proc.environ().get("SPECSWEEP_JOB_ID") == job_id
-            ):
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get("SPECSWEEP_JOB_ID") == job_id:
+                routes["env"].add(proc.pid)
+            if log_dir in os.readlink(f"/proc/{proc.pid}/fd/1"):
+                routes["log"].add(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
             continue
-    return found
+    for path in pid_dir().glob("*.json"):
+        try:
+            entry = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        if entry["job_id"] == job_id:
+            routes["pid_file"].update(group_members(int(entry["pgid"])))
+    return routes
+
+
+def processes_of_job(job_id: str) -> list[int]:
+    """Live processes that any of the three routes says serve ``job_id``."""
+    return sorted(set().union(*server_routes(job_id).values()))
+
+
+def serving(job_id: str) -> bool:
+    """The job's server is up: each of the three routes finds it."""
+    return all(server_routes(job_id).values())
 
 
 def test_driver_runs_every_job_exactly_once_when_two_nodes(
@@ -364,7 +390,8 @@ def test_driver_stops_servers_and_releases_leases_when_sigterm(
     cluster: Any, models: dict[str, str], tmp_path: Path
 ) -> None:
     """SIGTERM mid-job: the driver stops the servers, releases the leases (no failure counted), exits
-    130 and says how to resume; no server process of the sweep is left."""
+    130 and says how to resume; no server process of the sweep is left. Before the signal, each of the
+    ways ``processes_of_job`` looks finds both running servers, so the final check cannot pass vacuously."""
     out = tmp_path / "out"
     spec_file = tmp_path / "sweep.yaml"
     data = make_spec(models, out, speculative={"chain_depths": [2]}, env={"SPECSWEEP_SIM_TIME_SCALE": "0.3"})
@@ -376,11 +403,18 @@ def test_driver_stops_servers_and_releases_leases_when_sigterm(
         )
     try:
         deadline = time.monotonic() + 120
+        running: list[str] = []
+        routes_seen: dict[str, dict[str, set[int]]] = {}
         while time.monotonic() < deadline:
-            if (out / "queue.sqlite").exists() and queue_state(out)[0]["leased"] == 2:
-                break
+            if (out / "queue.sqlite").exists():
+                running = [j.id for j in queue_state(out)[1] if j.state == "leased"]
+                routes_seen.update({job_id: server_routes(job_id) for job_id in running})
+                if len(running) == 2 and all(all(routes_seen[j].values()) for j in running):
+                    break
             time.sleep(0.2)
-        time.sleep(1.0)  # the servers are up and loaded
+        assert len(running) == 2, f"servers found per route: {routes_seen}\n{log.read_text()[-3000:]}"
+        for job_id in running:
+            assert all(server_routes(job_id).values()), (job_id, server_routes(job_id))
         driver.send_signal(signal.SIGTERM)
         assert driver.wait(timeout=60) == 130, log.read_text()[-3000:]
     finally:
@@ -449,8 +483,8 @@ def test_driver_completes_on_other_node_when_node_removed_mid_job(
                 conn.close()
             except sqlite3.OperationalError:
                 continue
-            for job_id, slot, leased_ns in leased:
-                if time.time_ns() - leased_ns < 1.5e9:
+            for job_id, slot, _leased_ns in leased:
+                if not serving(job_id):  # mid-job: its server is up
                     continue
                 node_prefix = next(
                     (d.split("(")[1].rstrip(")") for (d,) in events if d.startswith(f"slot {slot} ")), None

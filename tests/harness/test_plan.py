@@ -88,9 +88,28 @@ def test_plan_gives_same_job_ids_when_planned_again(
 
 
 def test_plan_drops_points_with_reasons_when_sglang_refuses_them(
+    kimi_target: Path, eagle3_draft: Path, sglang_python: str
+) -> None:
+    """A point SGLang 0.5.23's own resolver refuses (topk > 1 with page size 16 on torch_native) is dropped
+    with SGLang's exception as the reason; the chain point on the same base args stays."""
+    base_args = ["--tp-size", "8", "--page-size", "16", "--attention-backend", "torch_native"]
+    speculative = {"num_steps": [2], "topk": [1, 2], "num_draft_tokens": [3]}
+    data = spec_data(kimi_target, eagle3_draft, base_args=base_args, speculative=speculative)
+    plan = plan_sweep(parse_spec(data), sglang_python=sglang_python)
+    (dropped,) = plan.dropped
+    assert dropped.point.label == "tree s=2 k=2 n=3" and dropped.status == "invalid"
+    (reason,) = dropped.reasons
+    assert reason.startswith(
+        "SGLang's resolver raised ValueError: speculative_eagle_topk > 1 with page_size > 1"
+    )
+    assert {j.config_label for j in plan.jobs} == {"baseline", "tree s=2 k=1 n=3"}
+
+
+def test_plan_drops_points_with_reasons_when_drafts_exceed_the_tree(
     kimi_target: Path, eagle3_draft: Path
 ) -> None:
-    """A draft-token count above steps * topk + 1 is dropped with the reason; the rest stay."""
+    """A draft-token count above steps * topk + 1 (a project rule SGLang does not enforce) is dropped with
+    the reason by the built-in layer; the rest stay."""
     data = spec_data(
         kimi_target, eagle3_draft, speculative={"num_steps": [2], "topk": [2], "num_draft_tokens": [5, 9]}
     )

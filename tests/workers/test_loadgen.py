@@ -102,6 +102,27 @@ def test_run_load_itl_agrees_with_server_chunk_stamps_when_streaming(random_ids_
     assert np.percentile(step_errors, 90) < 10.0
 
 
+def test_run_load_tpot_agrees_with_server_chunk_stamps_when_streaming(random_ids_run: LoadResult) -> None:
+    """A request's TPOT is its decode time over its tokens after the first, as the server's stamps give it.
+
+    Every ``best`` TPOT figure comes from this field: a scaled or shifted formula must fail here. The
+    server's own send stamps give the same quantity, (last - first) / (completion - 1), independently of
+    the client's clock; the client's figure also equals its own step gaps summed over the same tokens.
+    """
+    ratios = []
+    for r in random_ids_run.records:
+        assert r.tpot_ms is not None and r.completion_tokens is not None and r.completion_tokens > 1
+        decode_tokens = r.completion_tokens - 1
+        assert r.tpot_ms * decode_tokens == pytest.approx(sum(r.itl_per_step_ms or []), rel=1e-9)
+        stamps = r.server_chunk_ns or []
+        server_tpot_ms = (stamps[-1] - stamps[0]) / 1e6 / decode_tokens
+        ratios.append(r.tpot_ms / server_tpot_ms)
+    # Steps are about 4 ms and the client's error is well under a millisecond per request (a loaded box
+    # may add a few): the median ratio is within 5% of 1, and no request is off by a factor.
+    assert abs(np.median(ratios) - 1.0) < 0.05
+    assert min(ratios) > 0.5 and max(ratios) < 2.0
+
+
 def test_run_load_reads_chat_stream_when_prompts_come_from_jsonl(sim: ServerProcess, tmp_path: Path) -> None:
     """ShareGPT and prompt lines go to the chat route; usage deltas and sglext give the same exactness."""
     prompts = tmp_path / "prompts.jsonl"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.workers.wire_server import STREAMS, WireServer
+from tests.workers.wire_server import PACE_S, STREAMS, WireServer
 from workers.job import LoadLevel
 from workers.load.generator import run_load
 from workers.load.workloads import RandomIdsWorkload
@@ -92,9 +92,37 @@ def test_run_load_parses_recorded_sglang_stream_when_wire_is_exact(wire: WireSer
     result = run_load(wire.url("recorded"), LEVEL, WORKLOAD, calibration_streams=4)
     for record in result.records:
         assert record.error_type is None
-        assert (record.chunk_tokens, record.completion_tokens) == ([3, 2, 4, 1], 10)
+        assert (record.chunk_tokens, record.completion_tokens) == ([1, 3, 2, 3, 1], 10)
         assert (record.spec_verify_ct, record.spec_accept_length) == (4, 2.5)
-        assert len(record.itl_per_token_ms or []) == 7 and len(record.itl_per_step_ms or []) == 3
+        assert len(record.itl_per_token_ms or []) == 9 and len(record.itl_per_step_ms or []) == 4
+
+
+@pytest.mark.parametrize(
+    ("mode", "chunk_tokens"),
+    [("paced_nominal", [1, 3, 2, 3, 1]), ("paced_coalesced", [4, 2, 3, 1])],
+)
+def test_run_load_times_tokens_exactly_when_sglang_stream_has_either_shape(
+    wire: WireServer, mode: str, chunk_tokens: list[int]
+) -> None:
+    """SGLang sends the prefill's token alone, then one chunk per verify step, unless its tokenizer manager
+    coalesces queued outputs (docs/sim_server.md). In both shapes, chunks PACE_S apart: TTFT is the first
+    chunk, each step's gap is spread over its tokens, and TPOT is SGLang's bench definition, the time after
+    the first chunk over the tokens after the first, (chunks - 1) * PACE_S / (completion - 1)."""
+    level = LoadLevel(concurrency=2, requests=2, warmup_requests=0)
+    result = run_load(wire.url(mode), level, WORKLOAD, calibration_streams=2)
+    pace_ms = PACE_S * 1e3
+    for r in result.records:
+        assert r.error_type is None, r.error_message
+        assert (r.chunk_tokens, r.completion_tokens, r.spec_verify_ct) == (chunk_tokens, 10, 4)
+        assert r.ttft_ms is not None and r.ttft_ms < pace_ms
+        steps = r.itl_per_step_ms or []
+        assert len(steps) == len(chunk_tokens) - 1 and min(steps) >= pace_ms * 0.99
+        per_token = r.itl_per_token_ms or []
+        assert len(per_token) == 10 - chunk_tokens[0]
+        assert per_token[: chunk_tokens[1]] == [steps[0] / chunk_tokens[1]] * chunk_tokens[1]
+        ideal_tpot_ms = (len(chunk_tokens) - 1) * pace_ms / 9
+        assert r.tpot_ms is not None and ideal_tpot_ms * 0.99 <= r.tpot_ms < ideal_tpot_ms * 1.5
+        assert r.tpot_ms * 9 == pytest.approx(sum(steps), rel=1e-9)
 
 
 SIM_ARGS = ["--model-path", str(STREAMS.parent / "kimi-k2"), "--max-running-requests", "64"]
@@ -136,13 +164,13 @@ def test_load_command_writes_records_made_when_interrupted(wire: WireServer, tmp
     out = tmp_path / "load.parquet"
     argv = [sys.executable, "-m", "harness.cli", "load", "--url", wire.url("stall"), "--concurrency", "2"]
     argv += ["--requests", "6", "--input-tokens", "8", "--output-tokens", "10", "--out", str(out)]
-    before = len(wire.requests_seen)
+    before = len(wire.stalled)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        # Both streams stalled after their first chunk, and the client has read both chunks.
         deadline = time.monotonic() + 60
-        while len(wire.requests_seen) < before + 2 and time.monotonic() < deadline:
+        while (len(wire.stalled) < before + 2 or wire.unread_by_clients()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:

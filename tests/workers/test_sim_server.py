@@ -20,6 +20,7 @@ from workers.node.preflight import pick_free_port
 from workers.sglang import api
 
 REPO = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FAST = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "1"}
 
 
@@ -146,6 +147,42 @@ def test_generate_streams_cumulative_chunks_with_spec_stats_on_final_chunk_only(
         sum(k * n for k, n in enumerate(histogram)) == final[api.SPEC_NUM_CORRECT_DRAFTS] >= 40 - 1 - verify
     )
     assert all(m[api.SIM_SEND_NS] >= m[api.SIM_SCHEDULED_NS] > 0 for m in metas)
+
+
+def _shape(events: list[bytes]) -> list[tuple[int, list[str], list[str]]]:
+    """Per chunk: tokens it adds, its keys, its meta_info keys (in order; the simulator's stamps left out)."""
+    stamps = {api.SIM_SEND_NS, api.SIM_SCHEDULED_NS}
+    chunks = [json.loads(e) for e in events if e != api.SSE_DONE]
+    counts = [0] + [c["meta_info"][api.META_COMPLETION_TOKENS] for c in chunks]
+    return [
+        (b - a, list(c), [k for k in c["meta_info"] if k not in stamps])
+        for a, b, c in zip(counts[:-1], counts[1:], chunks, strict=True)
+    ]
+
+
+def test_generate_stream_has_sglang_shape_when_compared_with_recorded_fixture(server):
+    """The simulator's /generate stream is shaped as SGLang 0.5.23's (fixtures/sglang-0.5.23, traced in
+    docs/sim_server.md): the prefill's one token alone, then one chunk per verify step, the same keys in
+    the same order, spec_* only on the final chunk, [DONE] last."""
+    fixture = sse_events((FIXTURES / "sglang-0.5.23" / "generate_spec_stream.sse").read_bytes())
+    status, raw = post(
+        server.url + api.GENERATE,
+        {
+            "text": "one two three",
+            "sampling_params": {"max_new_tokens": 24, "ignore_eos": True},
+            "stream": True,
+        },
+    )
+    assert status == 200
+    events = sse_events(raw)
+    assert events[-1] == fixture[-1] == api.SSE_DONE
+    ours, theirs = _shape(events), _shape(fixture)
+    assert ours[0][0] == theirs[0][0] == 1  # the prefill's token comes alone
+    assert [keys for _, keys, _ in ours] == [theirs[0][1]] * len(ours)
+    assert {tuple(meta) for _, _, meta in ours[:-1]} == {tuple(theirs[0][2])}  # every chunk before the last
+    assert ours[-1][2] == theirs[-1][2]  # the final chunk's meta_info, spec_* fields included, in order
+    final = json.loads(events[-2])["meta_info"]
+    assert final[api.SPEC_VERIFY_CT] == len(ours) - 1  # one chunk per verify step after the prefill's
 
 
 def test_generate_replays_identical_acceptance_when_seed_and_prompt_repeat(kimi_target, eagle3_draft):

@@ -31,7 +31,7 @@ def test_decoder_yields_every_data_payload_when_fed_sglang_generate_stream() -> 
     events = _events(raw, [])
     assert [e.data for e in events][-1] == b"[DONE]"
     payloads = [json.loads(e.data) for e in events[:-1]]
-    assert [p["meta_info"]["completion_tokens"] for p in payloads] == [3, 5, 9, 10]
+    assert [p["meta_info"]["completion_tokens"] for p in payloads] == [1, 4, 6, 9, 10]
 
 
 def test_decoder_stamps_event_with_its_first_bytes_read_when_event_spans_reads() -> None:
@@ -52,7 +52,7 @@ def test_decoder_gives_same_events_when_split_at_every_byte() -> None:
     whole = [e.data for e in _events(raw, [])]
     bytewise = [e.data for e in _events(raw, list(range(1, len(raw))))]
     assert whole == bytewise
-    assert len(whole) == 9
+    assert len(whole) == 10
 
 
 def test_decoder_handles_comments_event_names_and_multiline_data_when_present() -> None:
@@ -103,22 +103,32 @@ def test_response_stream_counts_tokens_per_step_when_generate_chunks_are_cumulat
     """Tokens per chunk are the deltas of completion_tokens; spec stats come from the final meta_info."""
     stream = _stream("generate_spec_stream.sse", api.GENERATE)
     assert stream.done
-    assert stream.chunk_tokens == [3, 2, 4, 1]
+    assert stream.chunk_tokens == [1, 3, 2, 3, 1]  # the prefill's token, then one chunk per verify step
+    _check_final_stats(stream)
+
+
+def test_response_stream_counts_tokens_per_chunk_when_prefill_and_first_step_are_coalesced() -> None:
+    """SGLang's tokenizer manager sends what queued since its last wake-up as one chunk: the prefill's
+    token and the first verify step's arrive together; the deltas and final stats stay exact."""
+    stream = _stream("generate_spec_stream_coalesced.sse", api.GENERATE)
+    assert stream.done
+    assert stream.chunk_tokens == [4, 2, 3, 1]
+    _check_final_stats(stream)
+
+
+def _check_final_stats(stream: ResponseStream) -> None:
     stats = stream.final_stats()
     assert (stats.completion_tokens, stats.prompt_tokens, stats.finish_reason) == (10, 7, "length")
-    assert (stats.spec_verify_ct, stats.spec_accept_length, stats.spec_accept_rate) == (4, 2.5, 0.5)
-    assert (stats.spec_num_correct_drafts, stats.spec_num_proposed_drafts) == (6, 12)
-    assert stats.spec_correct_drafts_histogram == [1, 1, 1, 1]
+    assert (stats.spec_verify_ct, stats.spec_accept_length, stats.spec_accept_rate) == (4, 2.5, 5 / 12)
+    assert (stats.spec_num_correct_drafts, stats.spec_num_proposed_drafts) == (5, 12)
+    assert stats.spec_correct_drafts_histogram == [1, 1, 2, 0]
 
 
 def test_response_stream_reads_usage_and_sglext_when_route_is_chat() -> None:
     """Chat: tokens from continuous usage, finish from the choice, spec stats from sglext."""
     stream = _stream("chat_spec_stream.sse", api.CHAT_COMPLETIONS)
-    assert stream.chunk_tokens == [3, 2, 4, 1]
-    stats = stream.final_stats()
-    assert (stats.completion_tokens, stats.prompt_tokens, stats.finish_reason) == (10, 7, "length")
-    assert (stats.spec_verify_ct, stats.spec_accept_length) == (4, 2.5)
-    assert stats.spec_correct_drafts_histogram == [1, 1, 1, 1]
+    assert stream.chunk_tokens == [1, 3, 2, 3, 1]
+    _check_final_stats(stream)
 
 
 def test_response_stream_raises_server_error_when_stream_carries_error_event() -> None:
@@ -128,3 +138,84 @@ def test_response_stream_raises_server_error_when_stream_carries_error_event() -
     with pytest.raises(StreamError, match="400 The request was aborted") as caught:
         stream.final_stats()
     assert caught.value.error_type == "server_error"
+
+
+def _stream_of(endpoint: str, *payloads: bytes) -> ResponseStream:
+    """A stream built from payloads, the k-th event arriving in read k, then [DONE]."""
+    stream = ResponseStream(endpoint)
+    raw = b"".join(b"data: " + p + b"\n\n" for p in (*payloads, api.SSE_DONE))
+    stream.add_events(_events(raw, [i + 1 for i, b in enumerate(raw) if raw[i - 1 : i + 1] == b"\n\n"][:-1]))
+    return stream
+
+
+def test_response_stream_stamps_each_token_chunk_when_events_arrive_in_separate_reads() -> None:
+    """A chunk's arrival is its first byte's read; [DONE]'s is ``done_ns``; chunks without new tokens
+    are not token chunks; the simulator's send stamp is kept per token chunk, and absent it none is."""
+    meta = '{"meta_info":{"completion_tokens":%d,"sim_send_ns":%d}}'
+    stream = _stream_of(api.GENERATE, *(meta.encode() % (n, 100 + n) for n in (1, 4, 4, 6)))
+    assert (stream.chunk_tokens, stream.chunk_arrival_ns, stream.done_ns) == ([1, 3, 2], [0, 1, 3], 4)
+    assert stream.server_chunk_ns == [101, 104, 106]
+    plain = _stream("generate_spec_stream.sse", api.GENERATE)
+    assert plain.server_chunk_ns == [] and plain.completion_tokens == 10
+
+
+@pytest.mark.parametrize(
+    "payloads",
+    [
+        (),  # [DONE] alone
+        (b'{"text":"a","meta_info":{"completion_tokens":1}}', b"{not json}"),
+        (b'{"text":"a","meta_info":{"completion_tokens":1}}', b"[1, 2]"),
+        (b'{"text":"a","completion_tokens":1}',),  # no meta_info
+    ],
+)
+def test_response_stream_raises_malformed_sse_when_generate_stream_cannot_be_read(
+    payloads: tuple[bytes, ...],
+) -> None:
+    """A /generate stream with no chunk, a chunk that is not a JSON object, or no final meta_info is a
+    ``malformed_sse`` error naming what is wrong, never a crash."""
+    with pytest.raises(StreamError) as caught:
+        _stream_of(api.GENERATE, *payloads).final_stats()
+    assert caught.value.error_type == "malformed_sse"
+    assert any(s in str(caught.value) for s in ("no chunk", "not JSON", "not a JSON object", "no meta_info"))
+
+
+def test_response_stream_reads_plain_finish_and_error_without_code_when_server_sends_them() -> None:
+    """A finish reason given as a string is kept; an error object without a code reads as its message."""
+    stats = _stream_of(
+        api.GENERATE, b'{"meta_info":{"completion_tokens":2,"prompt_tokens":3,"finish_reason":"stop"}}'
+    ).final_stats()
+    assert (stats.finish_reason, stats.completion_tokens, stats.prompt_tokens) == ("stop", 2, 3)
+    with pytest.raises(StreamError, match=r"^overloaded$"):
+        _stream_of(api.GENERATE, b'{"error":{"message":"overloaded"}}').final_stats()
+
+
+def test_response_stream_has_no_spec_stats_when_chat_server_does_not_speculate() -> None:
+    """SGLang's sglext reports verify count 0 without speculation: every spec_* field is then null, while
+    the counts come from usage and the finish reason from the choice."""
+    usage = b'{"choices":[{"delta":{"content":"a"},"finish_reason":null}],"usage":{"completion_tokens":1}}'
+    finish = b'{"choices":[{"delta":{},"finish_reason":"length"}]}'
+    sglext = b'{"choices":[],"sglext":{"spec_tokens_details":{"spec_verify_ct":0,"spec_accept_length":1.0,'
+    sglext += b'"spec_accept_rate":0.0,"spec_num_correct_drafts":0,"spec_num_proposed_drafts":0,'
+    sglext += b'"spec_correct_drafts_histogram":[]}}}'
+    last = b'{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}'
+    stats = _stream_of(api.CHAT_COMPLETIONS, usage, finish, sglext, last).final_stats()
+    assert (stats.completion_tokens, stats.prompt_tokens, stats.finish_reason) == (1, 4, "length")
+    assert stats.spec_verify_ct is None and stats.spec_accept_length is None
+    assert stats.spec_accept_rate is None and stats.spec_num_correct_drafts is None
+    assert stats.spec_num_proposed_drafts is None and stats.spec_correct_drafts_histogram is None
+
+
+def test_response_stream_reads_bare_chat_and_string_errors_when_extras_are_absent() -> None:
+    """A chat stream without usage or sglext chunks (no stream_options asked) has null counts and spec
+    stats and no finish reason yet, rather than failing; an error given as a bare string reads as itself."""
+    stats = _stream_of(
+        api.CHAT_COMPLETIONS, b'{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}'
+    ).final_stats()
+    assert (stats.completion_tokens, stats.prompt_tokens, stats.finish_reason, stats.spec_verify_ct) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    with pytest.raises(StreamError, match=r"^boom$"):
+        _stream_of(api.GENERATE, b'{"error":"boom"}').final_stats()

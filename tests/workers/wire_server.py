@@ -2,7 +2,8 @@
 
 Not a mock of our code: it is a wire fixture. The first path segment picks the behaviour
 (``http://127.0.0.1:PORT/<mode>`` as the base URL, so ``/<mode>/generate`` is requested), and each
-behaviour writes a fixed byte sequence: a recorded SGLang stream, a stream reset mid-way, a stream
+behaviour writes a fixed byte sequence: a recorded SGLang stream (at once, or paced one event per
+chunk), a stream reset mid-way, a stream
 that ends without ``[DONE]``, a page that is not SSE, a stream that stalls.
 """
 
@@ -25,6 +26,14 @@ _FIRST_CHUNK = (
 )
 
 
+# Paced modes: a recorded stream with one HTTP chunk per SSE event, PACE_S apart (as a server sends them).
+PACED = {
+    "paced_nominal": "generate_spec_stream.sse",
+    "paced_coalesced": "generate_spec_stream_coalesced.sse",
+}
+PACE_S = 0.05
+
+
 def _chunked(body: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(body), body)
 
@@ -41,6 +50,18 @@ async def _read_request(reader: asyncio.StreamReader) -> str:
     return head.split(" ")[1]
 
 
+async def _write_paced(writer: asyncio.StreamWriter, stream: bytes) -> None:
+    """Each event of ``stream`` in its own chunk, flushed, then PACE_S before the next (none after [DONE])."""
+    writer.write(_HEAD)
+    events = [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+    for k, event in enumerate(events):
+        if k:
+            await asyncio.sleep(PACE_S)
+        writer.write(_chunked(event))
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
+
+
 def _reset(writer: asyncio.StreamWriter) -> None:
     """Close with RST (SO_LINGER 0), as a crashed server's kernel does."""
     sock = writer.get_extra_info("socket")
@@ -48,7 +69,9 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[str]) -> None:
+async def _handle(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: list[str], stalled: list[str]
+) -> None:
     try:
         while True:
             path = await _read_request(reader)
@@ -63,6 +86,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, se
                 writer.write(
                     _HEAD + _chunked((STREAMS / "generate_spec_stream.sse").read_bytes()) + b"0\r\n\r\n"
                 )
+            elif mode in PACED:
+                await _write_paced(writer, (STREAMS / PACED[mode]).read_bytes())
             elif mode == "reset":
                 writer.write(_HEAD + _chunked(_FIRST_CHUNK))
                 await writer.drain()
@@ -81,6 +106,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, se
             elif mode == "stall":
                 writer.write(_HEAD + _chunked(_FIRST_CHUNK))
                 await writer.drain()
+                stalled.append(path)
                 await asyncio.sleep(3600)
             elif mode == "http_503":
                 body = b'{"error":{"message":"overloaded"}}'
@@ -103,10 +129,11 @@ class WireServer:
         self._server: asyncio.Server | None = None
         self.port = 0
         self.requests_seen: list[str] = []  # paths of the requests answered by a mode, in arrival order
+        self.stalled: list[str] = []  # "stall" requests whose first chunk was handed to the kernel
 
     def __enter__(self) -> WireServer:
         self._thread.start()
-        handler = functools.partial(_handle, seen=self.requests_seen)
+        handler = functools.partial(_handle, seen=self.requests_seen, stalled=self.stalled)
         future = asyncio.run_coroutine_threadsafe(asyncio.start_server(handler, "127.0.0.1", 0), self._loop)
         self._server = future.result(timeout=10)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -114,6 +141,17 @@ class WireServer:
 
     def url(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}"
+
+    def unread_by_clients(self) -> int:
+        """Bytes this server sent that its clients' sockets hold unread (their receive queues, from
+        /proc/net/tcp): 0 once every client process has read everything it was sent."""
+        unread = 0
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].split(":")[1], 16)
+            if remote_port == self.port and fields[3] == "01":  # ESTABLISHED, a client's end
+                unread += int(fields[4].split(":")[1], 16)
+        return unread
 
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:

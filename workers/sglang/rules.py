@@ -393,15 +393,22 @@ def check_rejection_sampling(res: Resolution) -> None:
         1.0,
     ):
         problems.append("it ignores the accept thresholds, which must stay 1.0")
-    draft_vocab = (res.draft or {}).get("draft_vocab_size")
-    target_vocab = res.target_text.get("vocab_size")
-    if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
-        problems.append(f"it needs draft vocab == target vocab ({draft_vocab} != {target_vocab})")
     if problems:
         res.fail(
             "rejection_sampling",
             "--speculative-use-rejection-sampling: " + "; ".join(problems),
             "drop --speculative-use-rejection-sampling or meet its conditions",
+        )
+    # Not checked by SGLang's resolver: its verify kernel cannot consume a reduced draft vocab (the FIXME
+    # in speculative_hook._should_auto_enable_hip_rejection_sampling), so the project refuses it.
+    draft_vocab = (res.draft or {}).get("draft_vocab_size")
+    target_vocab = res.target_text.get("vocab_size")
+    if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
+        res.fail(
+            "rejection_sampling_draft_vocab",
+            "--speculative-use-rejection-sampling needs draft vocab == target vocab "
+            f"({draft_vocab} != {target_vocab})",
+            "drop --speculative-use-rejection-sampling, or use a draft with the target's full vocab",
         )
 
 
