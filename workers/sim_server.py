@@ -56,7 +56,7 @@ from workers.sglang.rules import Resolution, read_model_config
 from workers.sim_engine import EOS_TOKEN_ID, TOKEN_WORDS, Progress, SimEngine, SimRequest
 from workers.sim_faults import READY_LINE, STARTUP_TRACEBACKS, die_like_sglang, log_line
 from workers.sim_metrics import SimMetrics
-from workers.sim_model import DraftShape
+from workers.sim_model import DraftShape, content_category
 from workers.sim_settings import FaultMode, SimSettings, SimSettingsError, settings_from_env
 
 logger = logging.getLogger(__name__)
@@ -457,6 +457,7 @@ class SimServer:
             temperature=params.temperature,
             ignore_eos=params.ignore_eos,
             stop=params.stop,
+            category=content_category(self.settings.profile, prompt),
         )
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
