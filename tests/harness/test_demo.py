@@ -15,7 +15,7 @@ from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import progress_for
 from harness.spec import parse_spec
-from workers.sim_model import DEFAULT_PROFILE, Load, ground_truth
+from workers.sim_model import DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth
 
 pytestmark = pytest.mark.ray
 
@@ -62,7 +62,7 @@ def _true_winner(con, level: str, concurrency: int) -> str:
         label: ground_truth(
             DEFAULT_PROFILE,
             SpecParams(algo, steps, topk, draft, mrr),
-            Load(concurrency=concurrency, input_len=256, output_len=128, num_requests=n),
+            Load(concurrency, input_len=256, output_len=128, num_requests=n, mix=((RANDOM_IDS, 1.0),)),
         ).output_throughput
         for label, algo, steps, topk, draft, mrr, n in rows
     }
