@@ -53,7 +53,7 @@ class LoadPlan(StrictModel):
     workload: Workload = Field(
         default_factory=lambda: RandomIdsWorkload(input_tokens=128, output_tokens=128),
         description="What each request asks for: random_ids (token ids on /generate, exact lengths) or "
-        "jsonl_prompts (a prompt file on /v1/chat/completions). Its seed is replaced by the sweep's seed.",
+        "prompt_set (a JSONL/Parquet/CSV prompt file on /v1/chat/completions, by category). Its seed is replaced by the sweep's seed.",
     )
 
     @model_validator(mode="after")

@@ -321,6 +321,10 @@ def _record(outcome: _Outcome) -> RequestRecord:
         http_status=outcome.status,
         error_type=error[0] if error else None,
         error_message=error[1] if error else None,
+        cached_tokens=stats.cached_tokens if stats else None,
+        category=outcome.prep.category,
+        dataset=outcome.prep.dataset,
+        turn=outcome.prep.turn,
     )
 
 

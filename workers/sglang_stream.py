@@ -42,6 +42,7 @@ class FinalStats:
     spec_num_correct_drafts: int | None
     spec_num_proposed_drafts: int | None
     spec_correct_drafts_histogram: list[int] | None
+    cached_tokens: int | None = None
 
 
 class ResponseStream:
@@ -132,7 +133,8 @@ def _generate_stats(objects: list[dict]) -> FinalStats:
     meta = objects[-1].get("meta_info")
     if not isinstance(meta, dict):
         raise StreamError("malformed_sse", "final /generate chunk has no meta_info")
-    return _stats_from(meta, meta, _finish_type(meta.get(api.META_FINISH_REASON)))
+    cached = meta.get(api.META_CACHED_TOKENS)
+    return _stats_from(meta, meta, _finish_type(meta.get(api.META_FINISH_REASON)), cached)
 
 
 def _chat_stats(objects: list[dict]) -> FinalStats:
@@ -149,7 +151,9 @@ def _chat_stats(objects: list[dict]) -> FinalStats:
         for choice in obj.get("choices") or ():
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
-    return _stats_from(usage, spec, finish)
+    details = usage.get(api.USAGE_PROMPT_TOKENS_DETAILS)
+    cached = details.get(api.META_CACHED_TOKENS) if isinstance(details, dict) else None
+    return _stats_from(usage, spec, finish, cached)
 
 
 def _finish_type(reason: object) -> str | None:
@@ -159,8 +163,9 @@ def _finish_type(reason: object) -> str | None:
     return reason if isinstance(reason, str) else None
 
 
-def _stats_from(counts: dict, spec: dict, finish: str | None) -> FinalStats:
-    """FinalStats from the object with token counts and the one with ``spec_*`` fields."""
+def _stats_from(counts: dict, spec: dict, finish: str | None, cached: object) -> FinalStats:
+    """FinalStats from the object with token counts, the one with ``spec_*`` fields, and the prompt
+    tokens served from the prefix cache (``cached``, kept only when an integer)."""
     verify_ct = spec.get(api.SPEC_VERIFY_CT) or None  # SGLang's sglext reports 0 when not speculating
     return FinalStats(
         prompt_tokens=counts.get(api.META_PROMPT_TOKENS),
@@ -172,4 +177,5 @@ def _stats_from(counts: dict, spec: dict, finish: str | None) -> FinalStats:
         spec_num_correct_drafts=spec.get(api.SPEC_NUM_CORRECT_DRAFTS) if verify_ct else None,
         spec_num_proposed_drafts=spec.get(api.SPEC_NUM_PROPOSED_DRAFTS) if verify_ct else None,
         spec_correct_drafts_histogram=spec.get(api.SPEC_CORRECT_DRAFTS_HISTOGRAM) if verify_ct else None,
+        cached_tokens=cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
     )

@@ -573,6 +573,7 @@ class SimServer:
             model=str(body.get("model") or self.config.served_model_name),
             rid=sim_request.rid,
             details=bool(body.get(api.RETURN_SPEC_TOKENS_DETAILS)),
+            cache_report=bool(self.config.resolved_args.get(api.ENABLE_CACHE_REPORT)),
         )
         if not body.get("stream"):
             progress = await self._until_finished(sim_request)
@@ -588,7 +589,11 @@ class SimServer:
             sent_chars = 0
             while True:
                 progress = await sim_request.updates.get()
-                usage = _usage(sim_request, progress) if options.get("continuous_usage_stats") else None
+                usage = (
+                    stream_form.usage(sim_request, progress)
+                    if options.get("continuous_usage_stats")
+                    else None
+                )
                 chunk = stream_form.delta_chunk(progress.text[sent_chars:], usage)
                 sent_chars = len(progress.text)
                 chunk[api.SIM_SCHEDULED_NS] = progress.scheduled_ns
@@ -600,7 +605,9 @@ class SimServer:
             if stream_form.details and details:
                 await _write_event(response, stream_form.sglext_chunk(details))
             if options.get("include_usage"):
-                await _write_event(response, stream_form.usage_chunk(_usage(sim_request, progress)))
+                await _write_event(
+                    response, stream_form.usage_chunk(stream_form.usage(sim_request, progress))
+                )
             await response.write(_SSE_DONE)
         except (ConnectionResetError, asyncio.CancelledError):
             self._engine().abort(sim_request)
@@ -664,6 +671,11 @@ class _OpenAIForm:
     model: str
     rid: str
     details: bool
+    cache_report: bool  # --enable-cache-report: usage carries prompt_tokens_details.cached_tokens
+
+    def usage(self, req: SimRequest, progress: Progress) -> dict[str, Any]:
+        """The usage object of a chunk or response, as SGLang's UsageProcessor builds it."""
+        return _usage(req, progress, self.cache_report)
 
     def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -720,7 +732,7 @@ class _OpenAIForm:
                 "finish_reason": kind,
                 "matched_stop": matched,
             }
-        body = self._envelope([choice], usage=_usage(req, progress), metadata=None)
+        body = self._envelope([choice], usage=self.usage(req, progress), metadata=None)
         body["object"] = "chat.completion" if self.chat else "text_completion"
         if self.details and details:
             body[api.SGLEXT] = _sglext(details)
@@ -749,12 +761,13 @@ def _finish(finish_reason: dict[str, Any] | None) -> tuple[str | None, Any]:
     return finish_reason["type"], finish_reason.get("matched")
 
 
-def _usage(req: SimRequest, progress: Progress) -> dict[str, Any]:
+def _usage(req: SimRequest, progress: Progress, cache_report: bool) -> dict[str, Any]:
+    # The simulator keeps no prefix cache: every prompt token is computed, none is cached.
     return {
         "prompt_tokens": req.prompt_tokens,
         "total_tokens": req.prompt_tokens + progress.completion_tokens,
         "completion_tokens": progress.completion_tokens,
-        "prompt_tokens_details": None,
+        api.USAGE_PROMPT_TOKENS_DETAILS: {api.META_CACHED_TOKENS: 0} if cache_report else None,
         "reasoning_tokens": 0,
         "completion_tokens_details": None,
     }

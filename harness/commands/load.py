@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the schedule and the workload")
     work = parser.add_argument_group("workload (random token ids on /generate unless --prompts)")
     work.add_argument(
-        "--prompts", metavar="FILE.jsonl", help="prompts file: chat requests instead of random ids"
+        "--prompts", metavar="FILE", help="prompt set (.jsonl, .parquet, .csv): chat requests, not random ids"
     )
     work.add_argument("--input-tokens", type=int, default=128, metavar="N", help="random ids: prompt length")
     work.add_argument("--input-tokens-max", type=int, metavar="N", help="random ids: prompt length range top")
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
     """The LoadLevel and Workload the arguments describe; bad values become one WorkloadError."""
     from workers.loadgen import LoadLevel
-    from workers.workloads import JsonlPromptsWorkload, RandomIdsWorkload
+    from workers.workloads import PromptSetWorkload, RandomIdsWorkload
 
     try:
         level = LoadLevel(
@@ -85,7 +85,7 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
             seed=args.seed,
         )
         if args.prompts:
-            workload = JsonlPromptsWorkload(
+            workload = PromptSetWorkload(
                 path=args.prompts,
                 max_tokens=args.output_tokens,
                 temperature=args.temperature,
@@ -110,10 +110,10 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
 def run(args: argparse.Namespace) -> int:
     from analysis.schema import requests_table, write_parquet_atomic
     from workers.loadgen import run_load
-    from workers.workloads import JsonlPromptsWorkload
+    from workers.workloads import PromptSetWorkload
 
     level, workload = _level_and_workload(args)
-    if isinstance(workload, JsonlPromptsWorkload):
+    if isinstance(workload, PromptSetWorkload):
         workload.prompts()  # a bad prompts file fails here, before any request is sent
     out = Path(args.out)
     result = run_load(args.url, level, workload)

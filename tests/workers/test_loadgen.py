@@ -12,7 +12,7 @@ import pytest
 from tests.launch_args import chain_launch_args
 from workers.loadgen import LoadLevel, LoadResult, auto_processes, run_load
 from workers.sim_server import SimServerHandle, start_sim_server
-from workers.workloads import JsonlPromptsWorkload, RandomIdsWorkload
+from workers.workloads import PromptSetWorkload, RandomIdsWorkload
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SPEC_ARGS = chain_launch_args(
@@ -111,7 +111,7 @@ def test_run_load_reads_chat_stream_when_prompts_come_from_jsonl(
         {"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello"}]}
     )
     prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    workload = JsonlPromptsWorkload(path=str(prompts), max_tokens=40)
+    workload = PromptSetWorkload(path=str(prompts), max_tokens=40)
     result = run_load(sim.url, LoadLevel(concurrency=4, requests=8), workload, calibration_streams=4)
     assert len(result.records) == 8
     for r in result.records:

@@ -1,0 +1,134 @@
+"""Prompt-set workloads: files in three formats through a column mapping, categories, a weighted mix."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from specsweep.errors import WorkloadError
+from workers.sglang import api
+from workers.workloads import Columns, PromptSetWorkload, RandomIdsWorkload, request_stream
+
+ROWS = [
+    {"question": f"Write a python function number {i}", "task": "code", "budget": 50} for i in range(4)
+] + [{"question": f"Tell me a story about lighthouse {i}", "task": "chat", "budget": 300} for i in range(6)]
+COLUMNS = Columns(prompt="question", category="task", output_tokens="budget")
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as a JSONL, Parquet or CSV file, by ``path``'s suffix."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        pacsv.write_csv(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def bodies(workload: PromptSetWorkload, count: int) -> list[dict]:
+    return [orjson.loads(r.body) for r in request_stream(workload, iter(range(count)))]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+def test_prompt_set_sends_same_requests_when_file_is_jsonl_parquet_or_csv(
+    tmp_path: Path, suffix: str
+) -> None:
+    """The same rows give the same chat requests whatever the file format; the column mapping picks the
+    prompt, category and output cap; each request carries category, dataset and turn 0."""
+    path = write_rows(tmp_path / f"set{suffix}", ROWS)
+    workload = PromptSetWorkload(path=str(path), columns=COLUMNS, max_tokens=128, dataset="mine", seed=4)
+    requests = list(request_stream(workload, iter(range(10))))
+    reference = PromptSetWorkload(
+        path=str(write_rows(tmp_path / "ref.jsonl", ROWS)),
+        columns=COLUMNS,
+        max_tokens=128,
+        dataset="mine",
+        seed=4,
+    )
+    assert [r.body for r in requests] == [r.body for r in request_stream(reference, iter(range(10)))]
+    seen = set()
+    for request in requests:
+        body = orjson.loads(request.body)
+        prompt = body["messages"][0]["content"]
+        seen.add(prompt)
+        assert request.endpoint == api.CHAT_COMPLETIONS
+        assert (request.dataset, request.turn) == ("mine", 0)
+        assert request.category == ("code" if "python" in prompt else "chat")
+        assert body["max_tokens"] == (50 if request.category == "code" else 128)
+    assert len(seen) == 10  # a seeded permutation of all rows before any repeats
+
+
+def test_prompt_set_draws_categories_by_weight_when_mix_is_given(tmp_path: Path) -> None:
+    """A mix of 0.3 code / 0.7 chat gives about those shares over many requests, the same each time."""
+    path = write_rows(tmp_path / "set.jsonl", ROWS)
+    workload = PromptSetWorkload(
+        path=str(path), columns=COLUMNS, mix={"code": 0.3, "chat": 0.7}, max_tokens=64
+    )
+    drawn = [r.category for r in request_stream(workload, iter(range(4000)))]
+    shares = Counter(drawn)
+    assert shares["code"] / 4000 == pytest.approx(0.3, abs=0.03)
+    assert shares["chat"] / 4000 == pytest.approx(0.7, abs=0.03)
+    assert drawn == [r.category for r in request_stream(workload, iter(range(4000)))]
+    shard = [r.category for r in request_stream(workload, iter(range(1, 4000, 3)))]
+    assert shard == drawn[1::3]  # a shard process draws what the single process would have
+
+
+def test_prompt_set_sends_sampling_params_when_set(tmp_path: Path) -> None:
+    """temperature, top_p, top_k and ignore_eos reach the chat body; unset ones are left to the server."""
+    path = write_rows(tmp_path / "set.jsonl", [{"prompt": "hi"}])
+    plain = bodies(PromptSetWorkload(path=str(path), max_tokens=8), 1)[0]
+    assert "top_p" not in plain and "top_k" not in plain and "ignore_eos" not in plain
+    tuned = PromptSetWorkload(
+        path=str(path), max_tokens=8, temperature=0.7, top_p=0.9, top_k=20, ignore_eos=True
+    )
+    body = bodies(tuned, 1)[0]
+    assert (body["temperature"], body["top_p"], body["top_k"], body["ignore_eos"]) == (0.7, 0.9, 20, True)
+    assert next(request_stream(tuned, iter([0]))).expected_output_tokens == 8
+
+
+def test_prompt_set_reads_messages_and_sharegpt_when_columns_say_so(tmp_path: Path) -> None:
+    """A messages column is sent as is; a ShareGPT row sends its first human turn."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ]
+    path = write_rows(tmp_path / "chat.jsonl", [{"msgs": messages}])
+    body = bodies(PromptSetWorkload(path=str(path), columns=Columns(messages="msgs"), max_tokens=8), 1)[0]
+    assert body["messages"] == messages
+    share = write_rows(
+        tmp_path / "sharegpt.jsonl",
+        [{"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello"}]}],
+    )
+    body = bodies(PromptSetWorkload(path=str(share), max_tokens=8), 1)[0]
+    assert body["messages"] == [{"role": "user", "content": "Hi there"}]
+
+
+def test_prompt_set_names_the_problem_when_file_or_mix_is_unusable(tmp_path: Path) -> None:
+    """Unknown suffix, unreadable file, a row without the prompt column and a mix category the file
+    lacks are each one WorkloadError naming where and how to fix it."""
+    with pytest.raises(WorkloadError, match="unknown prompt file type"):
+        PromptSetWorkload(path=str(tmp_path / "set.txt"), max_tokens=8).prompts()
+    with pytest.raises(WorkloadError, match="cannot read prompt file"):
+        PromptSetWorkload(path=str(tmp_path / "absent.jsonl"), max_tokens=8).prompts()
+    path = write_rows(tmp_path / "set.csv", ROWS)
+    with pytest.raises(WorkloadError) as err:
+        PromptSetWorkload(path=str(path), max_tokens=8).prompts()
+    assert "row 1" in str(err.value) and "question" in str(err.value)
+    with pytest.raises(WorkloadError, match="math"):
+        PromptSetWorkload(path=str(path), columns=COLUMNS, mix={"math": 1.0}, max_tokens=8).prompts()
+    with pytest.raises(ValueError, match="mix"):
+        PromptSetWorkload(path=str(path), mix={"code": 0.0}, max_tokens=8)
+
+
+def test_random_ids_requests_are_categorised_as_random_ids_when_built() -> None:
+    """Random token ids carry the random_ids category (a stress shape), no dataset and no turn."""
+    request = RandomIdsWorkload(input_tokens=4, output_tokens=4).request(0)
+    assert (request.category, request.dataset, request.turn) == ("random_ids", None, None)
