@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from specsweep.errors import WorkloadError
+from workers.load.workloads import Columns, PromptSetWorkload, RandomIdsWorkload, request_stream
 from workers.sglang import api
-from workers.workloads import Columns, PromptSetWorkload, RandomIdsWorkload, request_stream
 
 ROWS = [
     {"question": f"Write a python function number {i}", "task": "code", "budget": 50} for i in range(4)
