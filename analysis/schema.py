@@ -173,6 +173,8 @@ class LevelRecord:
     server_accept_length: float | None
     client_delay_p50_us: float | None
     client_delay_p99_us: float | None
+    run_index: int | None = None  # the level's position in its job's run order (0 first)
+    cache_flushed: bool | None = None  # /flush_cache before the level succeeded; null when not asked
 
 
 def _latency_fields(name: str) -> list[pa.Field]:
@@ -218,6 +220,8 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("server_accept_length", pa.float64()),
         pa.field("client_delay_p50_us", pa.float64()),
         pa.field("client_delay_p99_us", pa.float64()),
+        pa.field("run_index", pa.int32()),
+        pa.field("cache_flushed", pa.bool_()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
 )

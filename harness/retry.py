@@ -26,6 +26,7 @@ TRANSIENT_CLASSES: frozenset[ErrorClass] = frozenset(
         ErrorClass.CRASH,
         ErrorClass.STARTUP_TIMEOUT,
         ErrorClass.HEALTH_LOST,
+        ErrorClass.CACHE_FLUSH_FAILED,
         ErrorClass.STOP_FAILED,
         ErrorClass.GPUS_BUSY,
         ErrorClass.NODE_LOST,

@@ -1,4 +1,5 @@
-"""Prompt-set workloads: files in three formats through a column mapping, categories, a weighted mix."""
+"""Prompt-set workloads: files in three formats through a column mapping, categories, a weighted mix,
+and what their requests measure on the simulated server."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from specsweep.errors import WorkloadError
+from tests.launch_args import chain_launch_args
+from workers.job import LoadLevel
+from workers.load.generator import run_load
 from workers.load.workloads import Columns, PromptSetWorkload, RandomIdsWorkload, request_stream
-from workers.sglang import api
+from workers.node.launcher import start_sim
+from workers.sglang import SpecParams, api
+from workers.sim.model import DEFAULT_PROFILE, Load, ground_truth
 
 ROWS = [
     {"question": f"Write a python function number {i}", "task": "code", "budget": 50} for i in range(4)
@@ -132,3 +138,57 @@ def test_random_ids_requests_are_categorised_as_random_ids_when_built() -> None:
     """Random token ids carry the random_ids category (a stress shape), no dataset and no turn."""
     request = RandomIdsWorkload(input_tokens=4, output_tokens=4).request(0)
     assert (request.category, request.dataset, request.turn) == ("random_ids", None, None)
+
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+CATEGORY_TEXT = {
+    "code": "Write a python function that {}.",
+    "math": "Solve for x: {} plus x equals 40.",
+    "chat": "Tell me something kind about {}.",
+}
+
+
+def test_run_load_measures_each_categorys_accept_length_when_prompt_set_is_mixed(tmp_path: Path) -> None:
+    """A mixed prompt set on the chat route: every row carries its category, dataset, turn and
+    cached_tokens (the server's cache report), and each category's token-weighted accept length is
+    within 3% of the simulator's truth for that category (its acceptance follows the content)."""
+    rows = [
+        {"prompt": text.format(f"item {i}"), "category": category}
+        for category, text in CATEGORY_TEXT.items()
+        for i in range(20)
+    ]
+    path = write_rows(tmp_path / "mixed.jsonl", rows)
+    workload = PromptSetWorkload(
+        path=str(path), mix={"code": 0.3, "chat": 0.5, "math": 0.2}, max_tokens=96, ignore_eos=True, seed=1
+    )
+    steps = 5
+    args = chain_launch_args(FIXTURES / "kimi-k2", FIXTURES / "eagle3-draft", steps, "--enable-cache-report")
+    env = {"SPECSWEEP_SIM_TIME_SCALE": "0.02", "SPECSWEEP_SIM_SEED": "4"}
+    with start_sim(args, env=env) as server:
+        result = run_load(
+            server.url, LoadLevel(concurrency=16, requests=600), workload, calibration_streams=4
+        )
+    assert result.num_errors == 0
+    assert {(r.dataset, r.turn, r.cached_tokens) for r in result.records} == {("mixed", 0, 0)}
+    spec = SpecParams("EAGLE3", steps, 1, steps + 1, 48)
+    for category in CATEGORY_TEXT:
+        mine = [r for r in result.records if r.category == category]
+        assert len(mine) > 80, category
+        measured = sum(r.completion_tokens or 0 for r in mine) / sum(r.spec_verify_ct or 0 for r in mine)
+        load = Load(16, 16, 96, 64, mix=((category, 1.0),))
+        truth = ground_truth(DEFAULT_PROFILE, spec, load).reported_accept_length
+        assert measured == pytest.approx(truth, rel=0.03), category
+
+
+def test_run_load_reports_unflushed_cache_when_server_refuses_flush() -> None:
+    """A server that refuses /flush_cache: the level's result says the cache was not flushed (the node
+    worker then fails the attempt with cache_flush_failed unless the plan allows it)."""
+    args = chain_launch_args(FIXTURES / "kimi-k2", FIXTURES / "eagle3-draft", 2)
+    env = {"SPECSWEEP_SIM_TIME_SCALE": "0.02", "SPECSWEEP_SIM_FAULT": "flush_refused"}
+    level = LoadLevel(concurrency=2, requests=4, warmup_requests=2, flush_cache=True, flush_timeout_s=0.5)
+    with start_sim(args, env=env) as server:
+        result = run_load(
+            server.url, level, RandomIdsWorkload(input_tokens=4, output_tokens=4), calibration_streams=2
+        )
+    assert result.cache_flushed is False
+    assert len(result.records) == 4 and result.num_errors == 0

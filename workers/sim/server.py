@@ -257,7 +257,7 @@ class SimServer:
             return error_response("timeout must be a number", "BadRequestError", 400)
         while not engine.is_idle() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if engine.flush_cache():
+        if self.settings.fault is not FaultMode.FLUSH_REFUSED and engine.flush_cache():
             return web.Response(
                 text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
                 "waiting requests, the operation will not be performed.)\n"
