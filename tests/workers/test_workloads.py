@@ -192,3 +192,80 @@ def test_run_load_reports_unflushed_cache_when_server_refuses_flush() -> None:
         )
     assert result.cache_flushed is False
     assert len(result.records) == 4 and result.num_errors == 0
+
+
+# Each preset's upstream file shape, generated here (nothing is downloaded; no upstream text is copied).
+PRESET_FILES: dict[str, tuple[str, object, set[str]]] = {
+    "mt_bench": (
+        "question.jsonl",
+        [
+            {"question_id": 81, "category": "writing", "turns": ["Draft a note about tides.", "Shorten it."]},
+            {"question_id": 111, "category": "math", "turns": ["What is 7 times 6?", "And times 8?"]},
+        ],
+        {"writing", "math"},
+    ),
+    "spec_bench": (
+        "question.jsonl",
+        [
+            {"question_id": 1, "category": "translation", "turns": ["Translate 'good morning' to French."]},
+            {"question_id": 2, "category": "summarization", "turns": ["Summarize: the cat sat."]},
+            {"question_id": 3, "category": "math_reasoning", "turns": ["A box holds 3 pens; 4 boxes?"]},
+        ],
+        {"translation", "summarization", "math_reasoning"},
+    ),
+    "humaneval": (
+        "HumanEval.jsonl",
+        [
+            {
+                "task_id": "HumanEval/0",
+                "prompt": 'def add(a: int, b: int) -> int:\n    """Sum of a and b."""\n',
+                "canonical_solution": "    return a + b\n",
+                "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+                "entry_point": "add",
+            }
+        ],
+        {"code"},
+    ),
+    "gsm8k": (
+        "test.jsonl",
+        [{"question": "Ann has 3 apples and buys 2 more. How many?", "answer": "3 + 2 = 5\n#### 5"}],
+        {"math"},
+    ),
+    "sharegpt": (
+        "sharegpt.json",
+        [
+            {
+                "id": "a1",
+                "conversations": [{"from": "human", "value": "Hi!"}, {"from": "gpt", "value": "Hello."}],
+            }
+        ],
+        {"chat"},
+    ),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_FILES))
+def test_preset_reads_its_upstream_format_when_file_is_generated(tmp_path: Path, preset: str) -> None:
+    """Each named preset reads a file in its set's published shape: the first user turn is sent, the
+    category comes from the file (MT-Bench, Spec-Bench) or is the set's own, and the dataset is named."""
+    name, rows, categories = PRESET_FILES[preset]
+    path = tmp_path / name
+    if name.endswith(".json"):
+        path.write_text(json.dumps(rows))
+    else:
+        write_rows(path, rows)  # type: ignore[arg-type]
+    workload = PromptSetWorkload(path=str(path), format=preset, max_tokens=32)  # type: ignore[arg-type]
+    requests = list(request_stream(workload, iter(range(len(rows)))))  # type: ignore[arg-type]
+    assert {r.category for r in requests} == categories
+    assert {r.dataset for r in requests} == {preset}
+    for request in requests:
+        messages = orjson.loads(request.body)["messages"]
+        assert len(messages) == 1 and messages[0]["role"] == "user" and messages[0]["content"]
+    first_turns = {
+        row.get("question")
+        or row.get("prompt")
+        or (row.get("turns") or [None])[0]  # type: ignore[union-attr]
+        or row["conversations"][0]["value"]  # type: ignore[index]
+        for row in rows  # type: ignore[union-attr]
+    }
+    assert {orjson.loads(r.body)["messages"][0]["content"] for r in requests} == first_turns

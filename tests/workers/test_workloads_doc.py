@@ -22,8 +22,9 @@ JSONL = re.findall(r"```jsonl\n(.*?)```", TEXT, flags=re.S)[0]
 
 
 def test_workloads_doc_shows_every_workload_kind_when_read() -> None:
-    """The page has a load example for prompt sets (mixed and column-mapped), random ids and gamma rates."""
-    assert len(LOAD_BLOCKS) == 4
+    """The page has a load example for prompt sets (mixed, column-mapped, a preset), random ids and gamma
+    rates."""
+    assert len(LOAD_BLOCKS) == 5
 
 
 @pytest.mark.parametrize("block", LOAD_BLOCKS)
@@ -34,6 +35,9 @@ def test_workloads_doc_example_builds_requests_when_files_exist(
     mapped shape), every one with a category."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "prompts.jsonl").write_text(JSONL)
+    (tmp_path / "question.jsonl").write_text(
+        '{"question_id": 1, "category": "coding", "turns": ["Hi?", "More?"]}\n'
+    )
     rows = [
         {"question": f"Q{i}?", "team": "billing" if i % 2 else "shipping", "answer_len": 64} for i in range(6)
     ]

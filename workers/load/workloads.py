@@ -108,6 +108,11 @@ class Columns(_Strict):
         description="Column with a ShareGPT conversation ({from, value}); its first human turn is sent "
         "when the row has no prompt.",
     )
+    turns: str | None = Field(
+        default="turns",
+        description="Column with a list of user turns (MT-Bench style); its first turn is sent when the row "
+        "has no prompt.",
+    )
     category: str | None = Field(
         default="category", description="Column with the row's category; null or absent: uncategorised."
     )
@@ -134,8 +139,14 @@ class PromptSetWorkload(_Strict):
     kind: Literal["prompt_set"] = Field(default="prompt_set", description="Workload type tag.")
     path: str = Field(description="Prompt file: .jsonl, .parquet or .csv (by suffix).")
     columns: Columns = Field(default_factory=Columns, description="Which columns hold what.")
+    format: Literal["table", "mt_bench", "spec_bench", "humaneval", "gsm8k", "sharegpt"] = Field(
+        default="table",
+        description="table: the columns mapping; or a named preset reading that set's upstream file as "
+        "published (see docs/workloads.md), which fixes the columns and the category.",
+    )
     dataset: str | None = Field(
-        default=None, description="Name of the set recorded in each row; null = the file's stem."
+        default=None,
+        description="Name of the set recorded in each row; null = the format's name, else the file's stem.",
     )
     mix: dict[str, float] | None = Field(
         default=None,
@@ -163,12 +174,13 @@ class PromptSetWorkload(_Strict):
     @property
     def dataset_name(self) -> str:
         """The ``dataset`` column value of this set's rows."""
-        return self.dataset or Path(self.path).stem
+        return self.dataset or (self.format if self.format != "table" else Path(self.path).stem)
 
     def prompts(self) -> list[Prompt]:
         """The file's prompts in seeded order; ``WorkloadError`` naming the row if one is unusable, or
         naming a mix category the file lacks."""
-        prompts = [_prompt_of(row, self.columns, where) for row, where in _read_rows(Path(self.path))]
+        columns, category = PRESETS.get(self.format, (self.columns, None))
+        prompts = [_prompt_of(row, columns, where, category) for row, where in _read_rows(Path(self.path))]
         if not prompts:
             raise WorkloadError("prompt file has no rows", where=self.path, fix="add prompts to it")
         random.Random(self.seed).shuffle(prompts)
@@ -245,15 +257,17 @@ def request_stream(workload: Workload, indices: Iterator[int]) -> Iterator[Prepa
     return (workload.request(i) for i in indices)
 
 
-_FIX_FILE = "pass an existing .jsonl, .parquet or .csv file with one prompt per row"
+_FIX_FILE = "pass an existing .jsonl, .json (an array), .parquet or .csv file with one prompt per row"
 
 
 def _read_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     """(row, where) of a JSONL, Parquet or CSV file, by suffix; ``WorkloadError`` if unreadable."""
     suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".parquet", ".csv"):
+    if suffix not in (".jsonl", ".json", ".parquet", ".csv"):
         raise WorkloadError(f"unknown prompt file type {suffix!r}", where=str(path), fix=_FIX_FILE)
     try:
+        if suffix == ".json":
+            return _json_array_rows(path)
         if suffix == ".jsonl":
             lines = path.read_text(encoding="utf-8").splitlines()
             return (
@@ -274,6 +288,19 @@ def _read_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     return ((row, f"{path} row {n}") for n, row in enumerate(table.to_pylist(), 1))
 
 
+def _json_array_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """(row, where) of a JSON file holding an array of objects (as ShareGPT is published)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise WorkloadError(f"not JSON: {err.msg}", where=str(path), fix=_FIX_FILE) from None
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise WorkloadError(
+            "a .json prompt file must hold an array of objects", where=str(path), fix=_FIX_FILE
+        )
+    return ((row, f"{path} item {n}") for n, row in enumerate(data, 1))
+
+
 def _json_row(line: str, where: str) -> dict[str, Any]:
     try:
         obj = json.loads(line)
@@ -284,9 +311,24 @@ def _json_row(line: str, where: str) -> dict[str, Any]:
     return obj
 
 
-def _prompt_of(row: dict[str, Any], columns: Columns, where: str) -> Prompt:
-    """One row's prompt through the column mapping."""
-    category = row.get(columns.category) if columns.category else None
+# Named prompt sets in their upstream file format: (columns, the category every row has, or None to read
+# it from the category column). MT-Bench and Spec-Bench: FastChat's question.jsonl ({question_id, category,
+# turns}); HumanEval: {task_id, prompt, canonical_solution, test, entry_point}; GSM8K: {question, answer};
+# ShareGPT: a JSON array of {id, conversations: [{from, value}]}.
+PRESETS: dict[str, tuple[Columns, str | None]] = {
+    "mt_bench": (Columns(), None),
+    "spec_bench": (Columns(), None),
+    "humaneval": (Columns(category=None), "code"),
+    "gsm8k": (Columns(prompt="question", category=None), "math"),
+    "sharegpt": (Columns(category=None), "chat"),
+}
+
+
+def _prompt_of(
+    row: dict[str, Any], columns: Columns, where: str, fixed_category: str | None = None
+) -> Prompt:
+    """One row's prompt through the column mapping (``fixed_category``: every row's, from a preset)."""
+    category = fixed_category or (row.get(columns.category) if columns.category else None)
     limit = row.get(columns.output_tokens) if columns.output_tokens else None
     return Prompt(
         messages=_messages_of(row, columns, where),
@@ -296,7 +338,8 @@ def _prompt_of(row: dict[str, Any], columns: Columns, where: str) -> Prompt:
 
 
 def _messages_of(row: dict[str, Any], columns: Columns, where: str) -> tuple[tuple[str, str], ...]:
-    """The chat messages of a row: its messages column, its prompt, or a ShareGPT first human turn."""
+    """The chat messages of a row: its messages column, its prompt, its first turn, or a ShareGPT first
+    human turn."""
     if columns.messages is not None:
         messages = row.get(columns.messages)
         if (
@@ -315,9 +358,12 @@ def _messages_of(row: dict[str, Any], columns: Columns, where: str) -> tuple[tup
         )
     if isinstance(row.get(columns.prompt), str):
         return (("user", row[columns.prompt]),)
-    turns = row.get(columns.conversations) if columns.conversations else None
-    if isinstance(turns, list):
-        for turn in turns:
+    turns = row.get(columns.turns) if columns.turns else None
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        return (("user", turns[0]),)
+    conversation = row.get(columns.conversations) if columns.conversations else None
+    if isinstance(conversation, list):
+        for turn in conversation:
             if isinstance(turn, dict) and turn.get("from") in ("human", "user"):
                 value = turn.get("value")
                 if isinstance(value, str):
