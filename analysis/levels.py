@@ -28,13 +28,16 @@ def summarize_level(
     server_accept_length: float | None,
     client_delay_p50_us: float | None = None,
     client_delay_p99_us: float | None = None,
+    run_index: int | None = None,
+    cache_flushed: bool | None = None,
 ) -> LevelRecord:
     """The ``levels`` row for ``load_level`` from ``requests`` (REQUESTS_SCHEMA rows of one job).
 
     Rows of other levels and warmup rows are ignored. ``duration_s`` is the measured window of the
     level (first non-warmup send to last completion) that rates divide by; ``gpus`` the GPUs the
     server used; ``server_accept_length`` SGLang's own ``avg_spec_accept_length`` (null if absent);
-    ``client_delay_*_us`` the load generator's calibration before the level (null if not measured).
+    ``client_delay_*_us`` the load generator's calibration before the level (null if not measured);
+    ``run_index`` the level's position in the job's run order; ``cache_flushed`` the flush's outcome.
     """
     import duckdb
 
@@ -74,6 +77,8 @@ def summarize_level(
         server_accept_length=server_accept_length,
         client_delay_p50_us=client_delay_p50_us,
         client_delay_p99_us=client_delay_p99_us,
+        run_index=run_index,
+        cache_flushed=cache_flushed,
         **summary,
     )
 

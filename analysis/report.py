@@ -55,6 +55,7 @@ def render_report(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         _header(con, selection),
         _winners(selection),
         _tables(selection),
+        _categories(con),
         _figure("plot-throughput", _throughput_plot(con, colors)),
         _figure("plot-tpot", _tpot_plot(con, colors)),
         _figure("plot-accept-length", _accept_length_plot(con, colors)),
@@ -169,6 +170,34 @@ def _tables(selection: Selection) -> str:
                 f"<td colspan='{2 + len(slo_names)}' class='label'>excluded: "
                 f"{html.escape('; '.join(e.reasons))}</td><td></td></tr>"
             )
+        parts.append("</table>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _categories(con: duckdb.DuckDBPyConnection) -> str:
+    """Accept length and speedup per request category, config and level: where the drafter is weak."""
+    rows = con.sql(
+        "SELECT load_level, config_label, category, accept_length_mean, speedup FROM category_results "
+        "ORDER BY load_level, config_label, category"
+    ).fetchall()
+    categories = sorted({r[2] for r in rows})
+    parts = [
+        "<section id='categories'><h2>Accept length and speedup per category</h2>"
+        "<p class='meta'>Token-weighted accept length / per-user decode speedup over the baseline "
+        "(its mean TPOT over the config's) for the requests of each category.</p>"
+    ]
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for level, label, category, accept, speedup in rows:
+        text = f"{_fmt(accept)} / {'-' if speedup is None else f'{speedup:.2f}x'}"
+        cells.setdefault((level, label), {})[category] = text
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in categories)
+    for level in sorted({level for level, _ in cells}):
+        parts.append(f"<h3>{html.escape(level)}</h3><table><tr><th class='label'>config</th>{head}</tr>")
+        for (row_level, label), values in cells.items():
+            if row_level == level:
+                tds = "".join(f"<td>{values.get(c, '-')}</td>" for c in categories)
+                parts.append(f"<tr><td class='label'>{html.escape(label)}</td>{tds}</tr>")
         parts.append("</table>")
     parts.append("</section>")
     return "".join(parts)

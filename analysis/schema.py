@@ -65,6 +65,10 @@ class RequestRecord:
     http_status: int | None
     error_type: str | None  # null for a successful request
     error_message: str | None
+    cached_tokens: int | None = None  # prompt tokens the server's prefix cache served
+    category: str | None = None  # the workload's content category of the request
+    dataset: str | None = None  # the prompt set it came from
+    turn: int | None = None  # 0-based turn of a replayed conversation
 
 
 REQUESTS_SCHEMA = pa.schema(
@@ -98,6 +102,10 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("http_status", pa.int32()),
         pa.field("error_type", pa.string()),
         pa.field("error_message", pa.string()),
+        pa.field("cached_tokens", pa.int32()),
+        pa.field("category", pa.string()),
+        pa.field("dataset", pa.string()),
+        pa.field("turn", pa.int32()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "requests"},
 )
@@ -165,6 +173,8 @@ class LevelRecord:
     server_accept_length: float | None
     client_delay_p50_us: float | None
     client_delay_p99_us: float | None
+    run_index: int | None = None  # the level's position in its job's run order (0 first)
+    cache_flushed: bool | None = None  # /flush_cache before the level succeeded; null when not asked
 
 
 def _latency_fields(name: str) -> list[pa.Field]:
@@ -210,6 +220,8 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("server_accept_length", pa.float64()),
         pa.field("client_delay_p50_us", pa.float64()),
         pa.field("client_delay_p99_us", pa.float64()),
+        pa.field("run_index", pa.int32()),
+        pa.field("cache_flushed", pa.bool_()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
 )

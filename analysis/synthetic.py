@@ -259,6 +259,10 @@ def _level_requests(
         "http_status": pa.array(np.where(ok, 200, 500).astype(np.int32)),
         "error_type": pa.array([None if good else "http_500" for good in ok], pa.string()),
         "error_message": pa.array([None if good else "Internal Server Error" for good in ok], pa.string()),
+        "cached_tokens": pa.array(np.zeros(n, np.int32)),
+        "category": pa.array(["random_ids"] * n, pa.string()),
+        "dataset": pa.nulls(n, pa.string()),
+        "turn": pa.nulls(n, pa.int32()),
     }
     return pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA), duration_s
 

@@ -16,6 +16,10 @@ Views (columns as documented in ``docs/results.md``):
 - ``acceptance_by_position``: per job x level x draft position k >= 1, the fraction of verify steps
   that accepted at least k drafts: ``sum_{j>=k} h[j] / sum_j h[j]`` over ``correct_drafts_histogram``
   h (index j = steps that accepted exactly j drafts). Position 1 is the first draft token.
+- ``category_results``: per config x level x request category (``(none)`` when uncategorised), over the
+  successful measured requests of done jobs: ``num_ok``, token-weighted ``accept_length_mean``, mean
+  ``tpot_ms``, and ``speedup``: the baseline's mean TPOT over this config's for the same level and
+  category (the per-user decode speedup where the drafter is strong or weak); null without a baseline.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ VIEW_NAMES: tuple[str, ...] = (
     "results",
     "request_metrics",
     "acceptance_by_position",
+    "category_results",
 )
 
 _RESULTS_SQL = """
@@ -76,6 +81,25 @@ WITH h AS (
     FROM h
 )
 SELECT * FROM tail WHERE position >= 1
+"""
+
+
+_CATEGORY_RESULTS_SQL = f"""
+WITH per AS (
+    SELECT r.sweep_id, j.config_label, j.effective_speculative_algorithm IS NULL AS is_baseline,
+           r.load_level, coalesce(r.category, '(none)') AS category,
+           count(*) AS num_ok,
+           sum(r.completion_tokens) / nullif(sum(r.spec_verify_ct), 0) AS accept_length_mean,
+           avg(r.tpot_ms) AS tpot_ms
+    FROM requests r JOIN jobs j USING (sweep_id, job_id)
+    WHERE j.status = 'done' AND NOT r.warmup AND r.{OK}
+    GROUP BY ALL
+), base AS (
+    SELECT sweep_id, load_level, category, avg(tpot_ms) AS baseline_tpot_ms FROM per WHERE is_baseline
+    GROUP BY ALL
+)
+SELECT per.*, base.baseline_tpot_ms / nullif(per.tpot_ms, 0) AS speedup
+FROM per LEFT JOIN base USING (sweep_id, load_level, category)
 """
 
 
@@ -125,6 +149,7 @@ def connect(out: Path) -> duckdb.DuckDBPyConnection:
     con.execute(f"CREATE VIEW results AS {_RESULTS_SQL}")
     con.execute(f"CREATE VIEW request_metrics AS {_REQUEST_METRICS_SQL}")
     con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")
+    con.execute(f"CREATE VIEW category_results AS {_CATEGORY_RESULTS_SQL}")
     return con
 
 

@@ -1,8 +1,9 @@
 """``specsweep demo``: the whole pipeline on a laptop, no GPU.
 
-It writes a Kimi-K2.5-shaped target config (the multimodal wrapper, its text model under text_config)
-and a small speculators-format EAGLE3 drafter (the converter turns it into SGLang's layout, as on a
-real node), starts an embedded Ray cluster of simulated 8-GPU
+It writes a Kimi-K2.5-shaped target config (the multimodal wrapper, its text model under text_config),
+a small speculators-format EAGLE3 drafter (the converter turns it into SGLang's layout, as on a real
+node) and a small generated prompt set of three categories, starts an embedded Ray cluster of simulated
+8-GPU
 nodes, runs ``examples/demo.yaml`` on the simulated SGLang server, and prints the best config per load
 level with its speedup and the exact SGLang command, then writes the HTML report.
 """
@@ -10,6 +11,7 @@ level with its speedup and the exact SGLang command, then writes the HTML report
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,14 +27,51 @@ DEMO_SPEC = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
 DEMO_MARKER = ".specsweep-demo"  # written into OUT so a rerun may replace an old demo, and only a demo
 TARGET_DIR = "inputs/kimi-k25-demo"
 DRAFTER_DIR = "inputs/eagle3-speculators"
+PROMPTS_FILE = "inputs/prompts.jsonl"
+PROMPTS_PER_CATEGORY = 40
+# Generated, never copied: each category's prompts are a template over a few subjects. The simulator
+# reads its category from markers in the text (workers.sim.model.content_category): "python" and
+# "function" for code, "solve" for math; the chat templates contain none of them.
+_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "code": (
+        "Write a python function that {verb} a list of {noun} and explain its complexity.",
+        "Fix the bug in this python function that should {verb} the {noun}.",
+    ),
+    "math": (
+        "Solve for x: {a}x + {b} = {c}, and show each step.",
+        "Solve this word problem: a shop sells {a} {noun} a day for {b} days; what is the total?",
+    ),
+    "chat": (
+        "Tell me a short story about {noun} on a rainy afternoon.",
+        "What would you pack for a weekend trip to see the {noun}? Give a friendly list.",
+    ),
+}
+_NOUNS = ("lighthouses", "orchards", "glaciers", "tram stops", "violins", "beehives", "comets", "ferries")
+_VERBS = ("sorts", "deduplicates", "reverses", "groups", "merges")
 
 
 @dataclass(frozen=True)
 class DemoInputs:
-    """Where the demo's target config and drafter checkpoint were written."""
+    """Where the demo's target config, drafter checkpoint and prompt set were written."""
 
     target: Path
     drafter: Path
+    prompts: Path
+
+
+def write_demo_prompts(path: Path) -> Path:
+    """A small generated prompt set: ``PROMPTS_PER_CATEGORY`` prompts each of code, math and chat, one
+    ``{"prompt", "category"}`` object per line (the prompt_set workload's default columns)."""
+    lines = []
+    for category, templates in _TEMPLATES.items():
+        for i in range(PROMPTS_PER_CATEGORY):
+            text = templates[i % len(templates)].format(
+                noun=_NOUNS[i % len(_NOUNS)], verb=_VERBS[i % len(_VERBS)], a=i + 2, b=3 * i + 1, c=7 * i + 40
+            )
+            lines.append(json.dumps({"prompt": text, "category": category}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def write_demo_inputs(root: Path) -> DemoInputs:
@@ -59,11 +98,11 @@ def write_demo_inputs(root: Path) -> DemoInputs:
     )
     target = write_target_config(root / TARGET_DIR, dims, multimodal=True)
     drafter = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS, dims), root / DRAFTER_DIR)
-    return DemoInputs(target=target, drafter=drafter)
+    return DemoInputs(target=target, drafter=drafter, prompts=write_demo_prompts(root / PROMPTS_FILE))
 
 
 def demo_spec(out: Path, inputs: DemoInputs) -> tuple[SweepSpec, str]:
-    """examples/demo.yaml with its model paths pointed at the inputs written under ``out``."""
+    """examples/demo.yaml with its model paths and prompt set pointed at the inputs written under ``out``."""
     if not DEMO_SPEC.is_file():
         raise SpecsweepError(
             f"the demo spec is missing: {DEMO_SPEC}",
@@ -72,6 +111,9 @@ def demo_spec(out: Path, inputs: DemoInputs) -> tuple[SweepSpec, str]:
     data: dict[str, Any] = yaml.safe_load(DEMO_SPEC.read_text())
     data["model_path"] = str(inputs.target)
     data["drafter"] = {**data["drafter"], "path": str(inputs.drafter)}
+    workload = data["load"]["workload"]
+    if workload.get("kind") == "prompt_set":
+        data["load"]["workload"] = {**workload, "path": str(inputs.prompts)}
     data["output_dir"] = str(out)
     text = yaml.safe_dump(data, sort_keys=False)
     return parse_spec(data, source=str(DEMO_SPEC)), text

@@ -27,6 +27,7 @@ TRANSIENT_CLASSES: frozenset[ErrorClass] = frozenset(
         ErrorClass.STARTUP_TIMEOUT,
         ErrorClass.HEALTH_LOST,
         ErrorClass.LEVEL_TIMEOUT,
+        ErrorClass.CACHE_FLUSH_FAILED,
         ErrorClass.STOP_FAILED,
         ErrorClass.GPUS_BUSY,
         ErrorClass.NODE_LOST,

@@ -23,6 +23,7 @@ class ErrorClass(StrEnum):
     STARTUP_TIMEOUT = "startup_timeout"  # /health not 200 within the startup limit
     HEALTH_LOST = "health_lost"  # the server stopped answering while alive
     LEVEL_TIMEOUT = "level_timeout"  # a load level ran past timeouts.level_s (the server was stopped)
+    CACHE_FLUSH_FAILED = "cache_flush_failed"  # /flush_cache before a level did not succeed
     STOP_FAILED = "stop_failed"  # processes of the server survived SIGKILL
     GPUS_BUSY = "gpus_busy"  # other processes hold the slot's GPUs
     NODE_LOST = "node_lost"  # the worker (or its node) went away

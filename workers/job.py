@@ -7,6 +7,7 @@ the worker layer does not import the harness.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -42,7 +43,30 @@ class LoadPlan(StrictModel):
         default_factory=list, description="Closed-loop levels: requests kept in flight."
     )
     rates: list[PositiveFloat] = Field(
-        default_factory=list, description="Open-loop levels: Poisson arrival rates in requests per second."
+        default_factory=list, description="Open-loop levels: arrival rates in requests per second."
+    )
+    arrival: Literal["poisson", "gamma"] = Field(
+        default="poisson",
+        description="Arrival process of the rate levels: Poisson, or gamma (see burstiness).",
+    )
+    burstiness: PositiveFloat = Field(
+        default=1.0,
+        description="Gamma arrivals: shape of the inter-arrival gamma; below 1 burstier than Poisson, above 1 "
+        "more regular. Only with arrival: gamma.",
+    )
+    level_order: Literal["ascending", "descending", "shuffled"] = Field(
+        default="ascending",
+        description="Run order of the levels (closed loop first, then open loop, each sorted by load), or "
+        "all shuffled with the sweep's seed; each levels row records its position (run_index).",
+    )
+    flush_timeout_s: PositiveFloat = Field(
+        default=30.0,
+        description="Seconds /flush_cache is retried before a level (SGLang refuses while busy).",
+    )
+    allow_failed_flush: bool = Field(
+        default=False,
+        description="Keep a level whose /flush_cache failed (its rows may include prefix-cache hits); by "
+        "default the attempt fails with cache_flush_failed.",
     )
     max_concurrency: PositiveInt | None = Field(
         default=None,
@@ -55,12 +79,12 @@ class LoadPlan(StrictModel):
         default=None, description="Seconds per level (give this or requests_per_level)."
     )
     warmup_requests: Annotated[int, Field(ge=0)] = Field(
-        default=8, description="Requests sent before the first level and left out of the results."
+        default=8, description="Requests sent before each level (at its load) and left out of the results."
     )
     workload: Workload = Field(
         default_factory=lambda: RandomIdsWorkload(input_tokens=128, output_tokens=128),
         description="What each request asks for: random_ids (token ids on /generate, exact lengths) or "
-        "jsonl_prompts (a prompt file on /v1/chat/completions). Its seed is replaced by the sweep's seed.",
+        "prompt_set (a JSONL/Parquet/CSV prompt file on /v1/chat/completions, by category). Its seed is replaced by the sweep's seed.",
     )
 
     @model_validator(mode="after")
@@ -70,29 +94,40 @@ class LoadPlan(StrictModel):
         check_one_size(
             self.requests_per_level, self.duration_s, "`requests_per_level`", "`duration_s`", where="load: "
         )
+        if self.burstiness != 1.0 and self.arrival != "gamma":
+            raise ValueError("load: `burstiness` shapes gamma arrivals only: set `arrival: gamma`")
         return self
 
     def levels(self, *, seed: int, request_timeout_s: float) -> list[LoadLevel]:
-        """The load generator's levels: closed loop first, then open loop, each in the order given.
-        Warmup runs before the first level only; the cache is flushed before every level, so SGLang's
+        """The load generator's levels in ``level_order`` (ascending: closed loop first, then open loop,
+        each by load). Warmup runs before every level (at its load, not recorded), then the cache is
+        flushed, so no level starts cold or on the previous level's cached prefixes, and SGLang's
         server-side averages cover one level each."""
         size = (
             {"requests": self.requests_per_level}
             if self.requests_per_level is not None
             else {"duration_s": self.duration_s}
         )
-        shapes: list[dict[str, Any]] = [{"concurrency": c} for c in self.concurrency]
-        shapes += [{"rate_rps": r, "max_concurrency": self.max_concurrency} for r in self.rates]
+        shapes: list[dict[str, Any]] = [{"concurrency": c} for c in sorted(self.concurrency)]
+        arrival = {"arrival": self.arrival, "burstiness": self.burstiness}
+        shapes += [
+            {"rate_rps": r, "max_concurrency": self.max_concurrency, **arrival} for r in sorted(self.rates)
+        ]
+        if self.level_order == "descending":
+            shapes.reverse()
+        elif self.level_order == "shuffled":
+            random.Random(seed).shuffle(shapes)
         return [
             LoadLevel(
                 **shape,
                 **size,
-                warmup_requests=self.warmup_requests if i == 0 else 0,
+                warmup_requests=self.warmup_requests,
                 flush_cache=True,
+                flush_timeout_s=self.flush_timeout_s,
                 request_timeout_s=request_timeout_s,
                 seed=seed,
             )
-            for i, shape in enumerate(shapes)
+            for shape in shapes
         ]
 
 
@@ -103,8 +138,15 @@ class LoadLevel(BaseModel):
 
     concurrency: int | None = Field(default=None, ge=1, description="Closed loop: requests kept in flight.")
     rate_rps: float | None = Field(default=None, gt=0, description="Open loop: target requests per second.")
-    arrival: Literal["poisson", "constant"] = Field(
-        default="poisson", description="Open loop arrival process."
+    arrival: Literal["poisson", "gamma", "constant"] = Field(
+        default="poisson",
+        description="Open loop arrival process: Poisson, gamma (see burstiness) or evenly spaced.",
+    )
+    burstiness: float = Field(
+        default=1.0,
+        gt=0,
+        description="Gamma arrivals: shape of the inter-arrival gamma; 1 is Poisson, below 1 burstier, "
+        "above 1 more regular (coefficient of variation 1/sqrt(burstiness)).",
     )
     max_concurrency: int | None = Field(
         default=None, ge=1, description="Open loop: at most this many in flight (sends wait, and are late)."
@@ -114,6 +156,9 @@ class LoadLevel(BaseModel):
     warmup_requests: int = Field(default=0, ge=0, description="Unrecorded requests sent before measuring.")
     flush_cache: bool = Field(
         default=False, description="POST /flush_cache after warmup, so server-side averages exclude it."
+    )
+    flush_timeout_s: float = Field(
+        default=30.0, gt=0, description="Seconds /flush_cache is retried before the flush counts as failed."
     )
     request_timeout_s: float = Field(default=600.0, gt=0, description="Whole-request timeout.")
     drain_s: float = Field(
@@ -133,6 +178,8 @@ class LoadLevel(BaseModel):
         check_one_size(self.requests, self.duration_s, "requests", "duration_s")
         if self.max_concurrency is not None and self.rate_rps is None:
             raise ValueError("max_concurrency caps an open loop; with concurrency it has no meaning")
+        if self.burstiness != 1.0 and self.arrival != "gamma":
+            raise ValueError("burstiness shapes gamma arrivals only: set arrival: gamma")
         return self
 
     @property

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the schedule and the workload")
     work = parser.add_argument_group("workload (random token ids on /generate unless --prompts)")
     work.add_argument(
-        "--prompts", metavar="FILE.jsonl", help="prompts file: chat requests instead of random ids"
+        "--prompts", metavar="FILE", help="prompt set (.jsonl, .parquet, .csv): chat requests, not random ids"
     )
     work.add_argument("--input-tokens", type=int, default=128, metavar="N", help="random ids: prompt length")
     work.add_argument("--input-tokens-max", type=int, metavar="N", help="random ids: prompt length range top")
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
     """The LoadLevel and Workload the arguments describe; bad values become one WorkloadError."""
     from workers.job import LoadLevel
-    from workers.load.workloads import JsonlPromptsWorkload, RandomIdsWorkload
+    from workers.load.workloads import PromptSetWorkload, RandomIdsWorkload
 
     try:
         level = LoadLevel(
@@ -87,7 +87,7 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
         )
         workload: Workload
         if args.prompts:
-            workload = JsonlPromptsWorkload(
+            workload = PromptSetWorkload(
                 path=args.prompts,
                 max_tokens=args.output_tokens,
                 temperature=args.temperature,
@@ -112,10 +112,10 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
 def run(args: argparse.Namespace) -> int:
     from analysis.schema import requests_table, write_parquet_atomic
     from workers.load.generator import run_load
-    from workers.load.workloads import JsonlPromptsWorkload
+    from workers.load.workloads import PromptSetWorkload
 
     level, workload = _level_and_workload(args)
-    if isinstance(workload, JsonlPromptsWorkload):
+    if isinstance(workload, PromptSetWorkload):
         workload.prompts()  # a bad prompts file fails here, before any request is sent
     out = Path(args.out)
     check_output_file(out)  # before the load, not after it

@@ -64,6 +64,8 @@ def test_render_report_shows_winner_command_and_every_plot_when_rendered(report)
     for plot_id in PLOTS:
         match = re.search(f"<figure id='{plot_id}'>.*?</figure>", page, flags=re.DOTALL)
         assert match and "<svg" in match.group() and "<path" in match.group(), plot_id
+    section = re.search("<section id='categories'>.*?</section>", page, flags=re.DOTALL)
+    assert section and "random_ids" in section.group() and "x</td>" in section.group()
 
 
 def test_render_report_references_nothing_external_when_opened_offline(report) -> None:  # type: ignore[no-untyped-def]

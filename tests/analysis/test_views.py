@@ -125,3 +125,55 @@ def test_same_answer_when_read_with_duckdb_polars_pandas(clear_results) -> None:
     levels_duck = dict(con.sql("SELECT job_id, sum(output_tokens) FROM levels GROUP BY job_id").fetchall())
     assert duck == polars_sums == pandas_sums == levels_duck
     assert len(duck) == 4
+
+
+def test_category_results_split_accept_length_and_speedup_when_requests_have_categories(
+    tmp_path: Path,
+) -> None:
+    """Per config x level x category: token-weighted accept length of that category's requests, and the
+    baseline's mean TPOT over the config's for the same category (where the drafter is weak shows)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from analysis.synthetic import SyntheticConfig, write_sweep
+
+    sweep = SyntheticSweep(
+        configs=(
+            SyntheticConfig("baseline"),
+            SyntheticConfig("chain d=4", "EAGLE3", 3, 1, 4, accept_length=3.0),
+        ),
+        concurrencies=(4,),
+        requests_per_level=40,
+    )
+    write_sweep(tmp_path, sweep)
+    for path in (tmp_path / "requests").rglob("*.parquet"):
+        table = pq.read_table(path)
+        n = table.num_rows
+        code = pa.array([i % 2 == 0 for i in range(n)])
+        tokens = pa.array([100] * n, pa.int32())
+        spec = pc.is_valid(table["spec_verify_ct"]).to_pylist()[0]
+        table = table.set_column(
+            table.schema.get_field_index("completion_tokens"), "completion_tokens", tokens
+        )
+        table = table.set_column(
+            table.schema.get_field_index("category"), "category", pc.if_else(code, "code", "chat")
+        )
+        tpot = pc.if_else(code, 5.0 if spec else 20.0, 10.0 if spec else 12.0)
+        table = table.set_column(table.schema.get_field_index("tpot_ms"), "tpot_ms", tpot)
+        if spec:
+            verify = pc.if_else(code, pa.scalar(25, pa.int32()), pa.scalar(50, pa.int32()))
+            table = table.set_column(table.schema.get_field_index("spec_verify_ct"), "spec_verify_ct", verify)
+        table = table.set_column(
+            table.schema.get_field_index("error_type"), "error_type", pa.nulls(n, pa.string())
+        )
+        pq.write_table(table, path)
+    con = connect(tmp_path)
+    rows = con.sql(
+        "SELECT config_label, category, accept_length_mean, speedup FROM category_results ORDER BY ALL"
+    ).fetchall()
+    assert rows == [
+        ("baseline", "chat", None, pytest.approx(1.0)),
+        ("baseline", "code", None, pytest.approx(1.0)),
+        ("chain d=4", "chat", pytest.approx(2.0), pytest.approx(1.2)),
+        ("chain d=4", "code", pytest.approx(4.0), pytest.approx(4.0)),
+    ]

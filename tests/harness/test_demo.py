@@ -15,33 +15,36 @@ from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import progress_for
 from harness.spec import parse_spec
-from workers.sim.model import DEFAULT_PROFILE, Load, ground_truth
+from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth
 
 pytestmark = pytest.mark.ray
 
 DURATION_S = 6.0  # the demo runs 8 s per level; fewer requests at concurrency 1 let acceptance luck decide
 
 
-@pytest.fixture(scope="module")
-def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo spec, 3 s per level, run on two simulated 8-GPU nodes (builtin validation: fast).
+RANDOM_IDS_WORKLOAD = {"kind": "random_ids", "input_tokens": 256, "output_tokens": 128, "vocab_size": 163840}
+
+
+def _run_demo(out: Path, **load: object) -> Path:
+    """The demo spec with ``load`` fields changed, run on two simulated 8-GPU nodes (builtin validation).
 
     The nodes' drafter cache is this run's own (the raylets inherit the variable): the drafter is
     converted here, never taken from an earlier run's /tmp/specsweep-<uid>/drafters.
     """
-    cache = tmp_path_factory.mktemp("drafters")
+    cache = out.parent / "drafters"
+    cache.mkdir(parents=True)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SPECSWEEP_DRAFTER_CACHE", str(cache))
-        out = _run_reduced_demo(tmp_path_factory.mktemp("demo") / "results")
+        _sweep(out, **load)
     assert any(cache.iterdir()), "the demo's nodes did not convert the drafter into their own cache"
     return out
 
 
-def _run_reduced_demo(out: Path) -> Path:
+def _sweep(out: Path, **load: object) -> None:
     prepare_output(out)
     spec, _ = demo_spec(out, write_demo_inputs(out))
     data = spec.model_dump(mode="json")
-    data["load"]["duration_s"] = DURATION_S
+    data["load"].update({"duration_s": DURATION_S, **load})
     spec = parse_spec(data, source="reduced demo")
     plan = plan_with_local_configs(spec, use_resolver=False)
     with simulated_cluster(nodes=2, gpus_per_node=8, cpus_per_node=2) as address:
@@ -55,15 +58,29 @@ def _run_reduced_demo(out: Path) -> Path:
             progress=progress_for(sys.stdout),
         )
     assert summary.counts["done"] == len(plan.jobs) == 5
-    return out
+
+
+@pytest.fixture(scope="module")
+def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo spec (its generated prompt set, default category mix), 6 s per level."""
+    return _run_demo(tmp_path_factory.mktemp("demo") / "results")
+
+
+@pytest.fixture(scope="module")
+def random_ids_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same grid on random token ids (the stress shape), at the loaded levels only."""
+    out = tmp_path_factory.mktemp("demo-random") / "results"
+    return _run_demo(out, concurrency=[16, 64], workload=RANDOM_IDS_WORKLOAD)
 
 
 def _true_winner(con, level: str, concurrency: int) -> str:
-    """The config with the highest true throughput for this level's measured request count."""
+    """The config with the highest true throughput for this level's measured request count, content
+    (the rows' categories: the default mix, or random ids) and mean prompt length."""
     rows = con.sql(
         "SELECT j.config_label, j.effective_speculative_algorithm, j.effective_speculative_num_steps, "
         "j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens, "
-        "j.effective_max_running_requests, count(*) "
+        "j.effective_max_running_requests, count(*), round(avg(r.prompt_tokens)), "
+        "bool_and(r.category = 'random_ids') "
         "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
         "WHERE r.load_level = ? AND NOT r.warmup GROUP BY ALL",
         params=[level],
@@ -74,12 +91,63 @@ def _true_winner(con, level: str, concurrency: int) -> str:
         label: ground_truth(
             DEFAULT_PROFILE,
             SpecParams(algo, steps, topk, draft, mrr),
-            Load(concurrency=concurrency, input_len=256, output_len=128, num_requests=n),
+            Load(concurrency, int(prompt), 128, n, mix=((RANDOM_IDS, 1.0),) if random_ids else DEFAULT_MIX),
         ).output_throughput
-        for label, algo, steps, topk, draft, mrr, n in rows
+        for label, algo, steps, topk, draft, mrr, n, prompt, random_ids in rows
     }
     assert len(truth) == 5
     return max(truth, key=truth.__getitem__)
+
+
+def _winners(out: Path) -> dict[str, str]:
+    con = connect(out)
+    selection = select_best(con, out)
+    con.close()
+    return {level.load_level: level.winner.config_label for level in selection.levels}
+
+
+def test_demo_winner_differs_from_random_ids_winner_when_loaded(demo_out: Path, random_ids_out: Path) -> None:
+    """Random ids are not a basis for choosing a config: on the same grid, the winner on random ids
+    differs from the winner on the default category mix at some level, and each is the simulator's
+    truth for its own content."""
+    mix, random_ids = _winners(demo_out), _winners(random_ids_out)
+    assert any(random_ids[level] != mix[level] for level in random_ids), (mix, random_ids)
+    con = connect(random_ids_out)
+    for level, winner in random_ids.items():
+        assert winner == _true_winner(con, level, int(level.split("=")[1])), (level, winner)
+    con.close()
+
+
+def test_demo_accept_length_per_category_matches_truth_when_prompt_set_is_mixed(demo_out: Path) -> None:
+    """Each speculative config's token-weighted accept length per category (all levels) is within 3%
+    of the simulator's truth for that category, and every row has a category and cached_tokens."""
+    from workers.sglang import SpecParams
+
+    con = connect(demo_out)
+    assert con.sql(
+        "SELECT count(*) FROM requests WHERE category IS NULL OR cached_tokens IS NULL OR dataset IS NULL"
+    ).fetchall() == [(0,)]
+    rows = con.sql(
+        "SELECT j.effective_speculative_num_steps, j.effective_speculative_eagle_topk, "
+        "j.effective_speculative_num_draft_tokens, r.category, count(*), "
+        "sum(r.completion_tokens) / sum(r.spec_verify_ct) "
+        "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
+        "WHERE NOT r.warmup AND r.error_type IS NULL AND j.effective_speculative_algorithm IS NOT NULL "
+        "GROUP BY ALL"
+    ).fetchall()
+    con.close()
+    checked = [row for row in rows if row[4] >= 30]  # enough requests for a 3% comparison
+    assert {row[3] for row in checked} == {"code", "chat", "math"}
+    assert len(checked) >= 9
+    for steps, topk, draft, category, _, measured in checked:
+        spec = SpecParams("EAGLE3", steps, topk, draft, 64)
+        truth = ground_truth(DEFAULT_PROFILE, spec, Load(1, 20, 128, 64, mix=((category, 1.0),)))
+        assert measured == pytest.approx(truth.reported_accept_length, rel=0.03), (
+            steps,
+            topk,
+            draft,
+            category,
+        )
 
 
 def test_demo_picks_simulators_true_best_config_when_run_at_each_level(demo_out: Path) -> None:
@@ -112,7 +180,7 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
         "j.effective_speculative_num_steps, j.effective_speculative_eagle_topk, "
         "j.effective_speculative_num_draft_tokens, j.effective_max_running_requests, "
         "count(*) FILTER (WHERE r.error_type IS NULL), median(r.tpot_ms) FILTER (WHERE r.error_type IS NULL), "
-        "any_value(l.output_tok_s) "
+        "any_value(l.output_tok_s), round(avg(r.prompt_tokens)) "
         "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
         "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
         "WHERE NOT r.warmup GROUP BY ALL"
@@ -122,8 +190,9 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
 
     measured: dict[tuple[str, str], tuple[float, float]] = {}
     truth: dict[tuple[str, str], tuple[float, float]] = {}
-    for level, label, algo, steps, topk, draft, mrr, n, tpot_ms, tok_s in rows:
-        load = Load(concurrency=int(level.split("=")[1]), input_len=256, output_len=128, num_requests=n)
+    for level, label, algo, steps, topk, draft, mrr, n, tpot_ms, tok_s, prompt in rows:
+        concurrency = int(level.split("=")[1])
+        load = Load(concurrency, int(prompt), 128, n, mix=DEFAULT_MIX)
         true = ground_truth(DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load)
         measured[level, label] = (tok_s, tpot_ms)
         truth[level, label] = (true.output_throughput, true.tpot_s * 1e3)

@@ -285,6 +285,30 @@ def test_driver_fails_after_retries_when_server_crashes_every_time(
     assert rows(tmp_path / "out", "requests") == []
 
 
+def test_driver_fails_level_with_flush_class_when_cache_flush_is_refused(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """A server that refuses /flush_cache: the job fails with cache_flush_failed after its retry (a busy
+    server is transient), and with allow_failed_flush it is done and its levels say the cache was not
+    flushed."""
+    env = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_FAULT": "flush_refused"}
+    load = make_spec(models, tmp_path)["load"]
+    strict = {**load, "flush_timeout_s": 0.5}
+    data = make_spec(models, tmp_path / "out", speculative={"chain_depths": [2]}, env=env, load=strict)
+    summary, log = run(data)
+    assert summary.counts["failed"] == 2, log
+    _, jobs, attempts = queue_state(tmp_path / "out")
+    assert {(job.error_class, job.attempts) for job in jobs} == {("cache_flush_failed", 2)}
+    assert all("flush_cache" in (a.error_text or "") for a in attempts)
+    allowed = {**strict, "allow_failed_flush": True}
+    data = make_spec(models, tmp_path / "kept", speculative={"chain_depths": [2]}, env=env, load=allowed)
+    summary, log = run(data)
+    assert summary.counts["done"] == 2, log
+    levels = rows(tmp_path / "kept", "levels")
+    assert len(levels) == 2 * LEVELS and {r["cache_flushed"] for r in levels} == {False}
+    assert sorted(r["run_index"] for r in levels) == [0, 0, 1, 1]
+
+
 def test_driver_times_out_and_leaves_no_process_when_server_hangs_at_startup(
     cluster: Any, models: dict[str, str], tmp_path: Path
 ) -> None:

@@ -21,6 +21,7 @@ from workers.node.launcher import start_sim
 from workers.sglang import SpecParams, api
 from workers.sim.model import (
     DEFAULT_PROFILE,
+    RANDOM_IDS,
     DraftShape,
     Load,
     depth_accept_probs,
@@ -39,14 +40,15 @@ class Measured:
     reported_accept_length: float  # mean of meta_info spec_accept_length
 
 
-async def closed_loop(url: str, load: Load, scale: float) -> Measured:
+async def closed_loop(url: str, load: Load, scale: float, prompt: str | list[int] | None = None) -> Measured:
     """``load.concurrency`` clients send streamed /generate requests back to back, timing each chunk."""
     tpots: list[float] = []
     accepts: list[float] = []
     remaining = [load.num_requests]
-    prompt = " ".join(["word"] * load.input_len)
+    if prompt is None:
+        prompt = " ".join(["word"] * load.input_len)
     body = {
-        "text": prompt,
+        "text" if isinstance(prompt, str) else "input_ids": prompt,
         "sampling_params": {
             "max_new_tokens": load.output_len,
             "ignore_eos": True,
@@ -99,6 +101,32 @@ def test_measured_best_config_flips_between_concurrency_one_and_forty_eight(kimi
                 results[steps, load.concurrency] = asyncio.run(closed_loop(handle.url, load, scale)).tpot_s
     assert results[STEPS, 1] < 0.8 * results[1, 1]
     assert results[1, 48] < 0.8 * results[STEPS, 48]
+
+
+CATEGORY_PROMPTS: dict[str, str | list[int]] = {
+    "code": "Write a python function that merges two sorted lists",
+    "math": "Solve for x when 3x + 4 equals 19",
+    "chat": "Tell me about the history of tea in a few sentences",
+    RANDOM_IDS: list(range(100, 164)),
+}
+
+
+def test_measured_accept_length_per_category_matches_ground_truth_when_content_differs(
+    kimi_target, eagle3_draft
+):
+    """The simulator's acceptance follows the request's content: each category's measured mean accept
+    length is within 3% of its ground truth, and code beats chat beats random ids."""
+    env = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "2"}
+    spec = SpecParams("EAGLE3", STEPS, 1, STEPS + 1, 48)
+    measured = {}
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, STEPS), env=env) as handle:
+        for category, prompt in CATEGORY_PROMPTS.items():
+            load = Load(8, 64, 128, 64, mix=((category, 1.0),))
+            got = asyncio.run(closed_loop(handle.url, load, 0.05, prompt)).reported_accept_length
+            truth = ground_truth(DEFAULT_PROFILE, spec, load).reported_accept_length
+            assert got == pytest.approx(truth, rel=0.03), category
+            measured[category] = got
+    assert measured["code"] > measured["chat"] > measured[RANDOM_IDS] + 1.0
 
 
 @pytest.fixture(scope="module")

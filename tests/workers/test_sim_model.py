@@ -9,11 +9,14 @@ import pytest
 
 from workers.sglang import SpecParams
 from workers.sim.model import (
+    DEFAULT_MIX,
     DEFAULT_PROFILE,
+    RANDOM_IDS,
     DraftShape,
     Load,
     accepted_drafts_distribution,
     admissions,
+    content_category,
     decode_step_seconds,
     depth_accept_probs,
     depth_candidates,
@@ -108,6 +111,57 @@ def test_ground_truth_accept_length_is_one_without_speculation():
     assert truth.tpot_s == pytest.approx(truth.decode_step_s, rel=0.3)
 
 
+def test_content_category_follows_profile_markers_when_prompt_is_text_or_ids():
+    """Token ids are random_ids; text takes the first category with a marker in it; else the default."""
+    assert content_category(DEFAULT_PROFILE, [5, 17, 9]) == RANDOM_IDS
+    assert content_category(DEFAULT_PROFILE, "Write a Python function that sorts a list") == "code"
+    assert content_category(DEFAULT_PROFILE, "SOLVE for x: 3x + 4 = 19") == "math"
+    assert content_category(DEFAULT_PROFILE, "Tell me about the history of tea") == "chat"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "how many legs?"}]
+    assert content_category(DEFAULT_PROFILE, messages) == "math"
+    # the first category in the profile's order wins when two match
+    assert content_category(DEFAULT_PROFILE, "Solve this with a python function") == "code"
+
+
+def test_ground_truth_accept_length_depends_on_category_when_mix_is_given():
+    """Each category has its own acceptance (code > math > chat > random ids for a deep chain); a mix's
+    server-wide accept length is the weight-harmonic mean of its categories' (equal output lengths)."""
+    load = Load(4, 64, 64, 16, mix=DEFAULT_MIX)
+    truth = ground_truth(DEFAULT_PROFILE, chain(7), load)
+    by_category = dict(truth.accept_length_by_category)
+    assert set(by_category) == {"code", "chat", "math"}
+    ids = ground_truth(DEFAULT_PROFILE, chain(7), Load(4, 64, 64, 16, mix=((RANDOM_IDS, 1.0),)))
+    ((_, random_length),) = ids.accept_length_by_category
+    assert by_category["code"] > by_category["math"] > by_category["chat"] > random_length + 1.0
+    harmonic = 1.0 / (0.3 / by_category["code"] + 0.5 / by_category["chat"] + 0.2 / by_category["math"])
+    assert truth.accept_length == pytest.approx(harmonic)
+    assert min(by_category.values()) < truth.accept_length < max(by_category.values())
+
+
+def test_ground_truth_winner_differs_between_random_ids_and_default_mix_when_loaded():
+    """Random ids are a stress shape, not a speed answer: at 16 and 64 concurrent requests the config
+    that is truly fastest on them is not the one that is fastest on the default category mix."""
+    configs = [SpecParams(max_running_requests=64), SpecParams("EAGLE3", 5, 4, 16, 64)]
+    configs += [SpecParams("EAGLE3", steps, 1, steps + 1, 64) for steps in (1, 3, 11)]  # the demo's grid
+
+    def best(concurrency: int, mix: tuple[tuple[str, float], ...]) -> SpecParams:
+        load = Load(concurrency, 256, 128, 4 * concurrency, mix=mix)
+        return max(configs, key=lambda spec: ground_truth(DEFAULT_PROFILE, spec, load).output_throughput)
+
+    for concurrency in (16, 64):
+        assert best(concurrency, ((RANDOM_IDS, 1.0),)) != best(concurrency, DEFAULT_MIX), concurrency
+
+
+def test_profile_refuses_category_named_like_another_when_built():
+    """Category names are unique and random_ids is reserved, so a name picks one acceptance."""
+    data = DEFAULT_PROFILE.model_dump()
+    data["categories"] = [*data["categories"], {"name": "chat", "accept_first": 0.5, "accept_decay": 0.9}]
+    with pytest.raises(ValueError, match="unique"):
+        type(DEFAULT_PROFILE).model_validate(data)
+    with pytest.raises(ValueError, match="no category"):
+        DEFAULT_PROFILE.acceptance("poetry")
+
+
 def test_draft_shape_from_spec_refuses_unresolved_config():
     """Only effective configs can be priced: a missing steps/topk/draft-tokens value is a caller bug."""
     assert DraftShape.from_spec(BASELINE) is None
@@ -122,6 +176,19 @@ def test_load_profile_overrides_default_fields_when_file_is_partial_yaml(tmp_pat
     profile = load_profile(path)
     assert (profile.name, profile.target_fixed_s) == ("slow-gpu", 0.03)
     assert profile.accept_first == DEFAULT_PROFILE.accept_first
+
+
+def test_load_profile_reads_categories_when_yaml_lists_them(tmp_path):
+    """Categories and the random-ids acceptance come from the file as plain YAML lists and mappings."""
+    path = tmp_path / "profile.yaml"
+    path.write_text(
+        "categories:\n  - {name: sql, markers: [select ], accept_first: 0.9, accept_decay: 0.99}\n"
+        "random_ids: {name: random_ids, accept_first: 0.5, accept_decay: 0.9}\n"
+    )
+    profile = load_profile(path)
+    assert content_category(profile, "SELECT * FROM t") == "sql"
+    assert profile.acceptance("sql") == (0.9, 0.99)
+    assert profile.acceptance(RANDOM_IDS) == (0.5, 0.9)
 
 
 def test_load_profile_names_the_field_when_value_is_bad(tmp_path):

@@ -4,10 +4,10 @@
 the warmup requests (not recorded; then ``/flush_cache`` when asked), and runs one load level:
 
 - closed loop: ``concurrency`` requests always in flight, for a count or a duration;
-- open loop: Poisson or constant arrivals at ``rate_rps``, optionally capped in flight; each record keeps
-  the scheduled and the actual send time, so lateness is visible. For a count, the Poisson schedule is
-  conditioned to end exactly at ``requests / rate`` (uniform order statistics), so the offered rate is
-  the target rate, not a noisy draw of it.
+- open loop: Poisson, gamma (bursty or regular) or constant arrivals at ``rate_rps``, optionally capped
+  in flight; each record keeps the scheduled and the actual send time, so lateness is visible. Poisson
+  and gamma schedules are true renewal processes (independent gaps from the start), for a count as for
+  a duration: nothing pins the last arrival, so a level's offered rate is a draw, as in production.
 
 Each process has ONE aiohttp session whose pool is sized to the streams it drives and filled (one
 connection per stream) before the clock starts. Timestamps are ``perf_counter_ns`` taken as each socket
@@ -273,6 +273,10 @@ def _record(outcome: _Outcome) -> RequestRecord:
         http_status=outcome.status,
         error_type=error[0] if error else None,
         error_message=error[1] if error else None,
+        cached_tokens=stats.cached_tokens if stats else None,
+        category=outcome.prep.category,
+        dataset=outcome.prep.dataset,
+        turn=outcome.prep.turn,
     )
 
 
@@ -284,38 +288,25 @@ def _record(outcome: _Outcome) -> RequestRecord:
 def arrival_offsets_ns(level: LoadLevel) -> Iterator[int]:
     """Send times (ns after the run start) of an open loop, all of them (count) or unending (duration).
 
-    Constant: ``k / rate`` for k = 1, 2, ... Poisson with a count ``n``: the last arrival at exactly
-    ``n / rate`` and the others uniform before it (a Poisson process conditioned on that); with a
-    duration: cumulative exponential gaps.
+    Constant: ``k / rate`` for k = 1, 2, ... Poisson: cumulative independent exponential gaps of mean
+    ``1 / rate``. Gamma: cumulative gamma gaps of shape ``burstiness`` and mean ``1 / rate`` (coefficient
+    of variation ``1 / sqrt(burstiness)``; shape 1 is Poisson).
     """
     rate = float(level.rate_rps or 0)
-    rng = np.random.default_rng(level.seed)
     if level.arrival == "constant":
-        return (round(k * 1e9 / rate) for k in _count_from(1, level.requests))
-    if level.requests is not None:
-        window = level.requests / rate
-        times = np.sort(rng.uniform(0.0, window, level.requests - 1))
-        return (round(t * 1e9) for t in [*times.tolist(), window])
-    return _poisson_unending(rng, rate)
+        gaps: Iterator[float] = itertools.repeat(1.0 / rate)
+    else:
+        rng = np.random.default_rng(level.seed)
+        shape = level.burstiness if level.arrival == "gamma" else 1.0
+        gaps = _gaps(rng, shape, 1.0 / (rate * shape))
+    offsets = (round(t * 1e9) for t in itertools.accumulate(gaps))
+    return offsets if level.requests is None else itertools.islice(offsets, level.requests)
 
 
-def _count_from(start: int, count: int | None) -> Iterable[int]:
-    return range(start, start + count) if count is not None else _naturals(start)
-
-
-def _naturals(start: int) -> Iterator[int]:
-    k = start
+def _gaps(rng: np.random.Generator, shape: float, scale: float) -> Iterator[float]:
+    """Independent gamma(shape, scale) gaps, drawn in blocks (shape 1: exponential)."""
     while True:
-        yield k
-        k += 1
-
-
-def _poisson_unending(rng: np.random.Generator, rate: float) -> Iterator[int]:
-    t = 0.0
-    while True:
-        for gap in rng.exponential(1.0 / rate, 4096).tolist():
-            t += gap
-            yield round(t * 1e9)
+        yield from rng.gamma(shape, scale, 4096).tolist()
 
 
 async def _closed_loop(
@@ -520,13 +511,13 @@ async def _warmup(
         requests = request_stream(workload, iter(range(level.warmup_requests)))
         workers = min(level.warmup_requests, level.streams or level.warmup_requests)
         await _closed_loop(session, ctx, requests, workers, None, outcomes)
-    flushed = await _flush_cache(session, base_url, level.request_timeout_s) if level.flush_cache else None
+    flushed = await _flush_cache(session, base_url, level.flush_timeout_s) if level.flush_cache else None
     return _records(outcomes), flushed
 
 
 async def _flush_cache(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> bool:
     """POST /flush_cache until it succeeds (SGLang answers 400 while requests still run)."""
-    deadline = time.monotonic() + min(timeout_s, 30.0)
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             async with session.post(base_url + api.FLUSH_CACHE) as resp:

@@ -50,6 +50,7 @@ class FinalStats:
     spec_num_correct_drafts: int | None
     spec_num_proposed_drafts: int | None
     spec_correct_drafts_histogram: list[int] | None
+    cached_tokens: int | None = None
 
 
 class ResponseStream:
@@ -154,7 +155,8 @@ def _generate_stats(objects: list[dict[str, Any]]) -> FinalStats:
     meta = objects[-1].get("meta_info")
     if not isinstance(meta, dict):
         raise StreamError("malformed_sse", "final /generate chunk has no meta_info")
-    return _stats_from(meta, meta, _finish_type(meta.get(api.META_FINISH_REASON)))
+    cached = meta.get(api.META_CACHED_TOKENS)
+    return _stats_from(meta, meta, _finish_type(meta.get(api.META_FINISH_REASON)), cached)
 
 
 def _chat_stats(objects: list[dict[str, Any]]) -> FinalStats:
@@ -171,7 +173,9 @@ def _chat_stats(objects: list[dict[str, Any]]) -> FinalStats:
         for choice in obj.get("choices") or ():
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
-    return _stats_from(usage, spec, finish)
+    details = usage.get(api.USAGE_PROMPT_TOKENS_DETAILS)
+    cached = details.get(api.META_CACHED_TOKENS) if isinstance(details, dict) else None
+    return _stats_from(usage, spec, finish, cached)
 
 
 def _finish_type(reason: object) -> str | None:
@@ -181,9 +185,12 @@ def _finish_type(reason: object) -> str | None:
     return reason if isinstance(reason, str) else None
 
 
-def _stats_from(counts: dict[str, Any], spec: dict[str, Any], finish: str | None) -> FinalStats:
-    """FinalStats from the object with token counts and the one with ``spec_*`` fields, each value checked
-    (``StreamError(invalid_response)`` naming the field otherwise)."""
+def _stats_from(
+    counts: dict[str, Any], spec: dict[str, Any], finish: str | None, cached: object
+) -> FinalStats:
+    """FinalStats from the object with token counts, the one with ``spec_*`` fields, and the prompt
+    tokens served from the prefix cache (``cached``); each value checked (``StreamError(invalid_response)``
+    naming the field otherwise)."""
     verify_ct = _count(spec, api.SPEC_VERIFY_CT) or None  # SGLang's sglext reports 0 when not speculating
     if finish is not None and (not isinstance(finish, str) or len(finish) > MAX_FINISH_REASON_CHARS):
         raise StreamError(INVALID_RESPONSE, f"finish reason {str(finish)[:80]!r} is not a short string")
@@ -197,6 +204,7 @@ def _stats_from(counts: dict[str, Any], spec: dict[str, Any], finish: str | None
         spec_num_correct_drafts=_count(spec, api.SPEC_NUM_CORRECT_DRAFTS) if verify_ct else None,
         spec_num_proposed_drafts=_count(spec, api.SPEC_NUM_PROPOSED_DRAFTS) if verify_ct else None,
         spec_correct_drafts_histogram=_histogram(spec) if verify_ct else None,
+        cached_tokens=_count({api.META_CACHED_TOKENS: cached}, api.META_CACHED_TOKENS),
     )
 
 

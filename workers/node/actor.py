@@ -204,13 +204,22 @@ class NodeWorker:
         workload = job.load.workload.model_copy(update={"seed": job.seed})
         requests: list[RequestRecord] = []
         levels: list[LevelRecord] = []
-        for level in job.load.levels(seed=job.seed, request_timeout_s=job.timeouts.request_s):
+        plan = job.load.levels(seed=job.seed, request_timeout_s=job.timeouts.request_s)
+        for run_index, level in enumerate(plan):
             self._check_cancel()
             with LevelWatch(server, job.timeouts.level_s, job.timeouts.stop_s) as watch:
                 result = run_load(server.url, level, workload)
             self._check_cancel()
             watch.raise_if_ended()
             self._check_alive(server)
+            if result.cache_flushed is False and not job.load.allow_failed_flush:
+                raise ServerFailure(
+                    ErrorClass.CACHE_FLUSH_FAILED,
+                    f"/flush_cache before level {level.label} did not succeed within "
+                    f"{level.flush_timeout_s:g} s, so its requests could hit the prefix cache; "
+                    "set load.allow_failed_flush to keep such levels",
+                    server.log_tail(),
+                )
             info = self._server_info(server)
             requests.extend(result.records)
             table = requests_table(result.records)
@@ -225,6 +234,8 @@ class NodeWorker:
                     server_accept_length=server_accept_length(info),
                     client_delay_p50_us=result.client_delay.p50_us,
                     client_delay_p99_us=result.client_delay.p99_us,
+                    run_index=run_index,
+                    cache_flushed=result.cache_flushed,
                 )
             )
         self._snapshot_metrics(server, state)

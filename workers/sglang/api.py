@@ -33,6 +33,9 @@ META_FINISH_REASON = "finish_reason"
 META_PROMPT_TOKENS = "prompt_tokens"
 META_COMPLETION_TOKENS = "completion_tokens"
 META_CACHED_TOKENS = "cached_tokens"
+# Chat usage: {"prompt_tokens_details": {"cached_tokens": N}}, filled only with --enable-cache-report.
+USAGE_PROMPT_TOKENS_DETAILS = "prompt_tokens_details"
+ENABLE_CACHE_REPORT = "enable_cache_report"  # the server argument (resolved name) that fills it
 META_E2E_LATENCY = "e2e_latency"
 # Speculative stats, on the final chunk only (speculative decoding on).
 SPEC_VERIFY_CT = "spec_verify_ct"  # verify steps

@@ -163,7 +163,7 @@ class SimEngine:
         self._work = asyncio.Event()
         self._output = asyncio.Event()
         self._seen_prompts: dict[bytes, int] = {}
-        self._probs_by_temperature: dict[float, tuple[float, ...]] = {}
+        self._probs_by_content: dict[tuple[str, float], tuple[float, ...]] = {}
 
     # --- requests --------------------------------------------------------------------------------------
     def new_request(
@@ -176,6 +176,7 @@ class SimEngine:
         temperature: float,
         ignore_eos: bool,
         stop: tuple[str, ...],
+        category: str | None = None,
         health_check: bool = False,
     ) -> SimRequest:
         """A request seeded by (seed, prompt, how often this prompt was seen): reproducible per request."""
@@ -190,7 +191,7 @@ class SimEngine:
             max_new_tokens=max_new_tokens,
             natural_len=natural,
             stop=stop,
-            probs=self._probs(temperature),
+            probs=self._probs(category or self.profile.default_category, temperature),
             rng=rng,
             token_base=int.from_bytes(digest[:8], "little") % EOS_TOKEN_ID,
             health_check=health_check,
@@ -354,15 +355,15 @@ class SimEngine:
             for r in self.running
         )
 
-    def _probs(self, temperature: float) -> tuple[float, ...]:
+    def _probs(self, category: str, temperature: float) -> tuple[float, ...]:
         if self.shape is None:
             return ()
-        probs = self._probs_by_temperature.get(temperature)
+        probs = self._probs_by_content.get((category, temperature))
         if probs is None:
-            probs = depth_accept_probs(self.profile, self.shape, temperature)
+            probs = depth_accept_probs(self.profile, self.shape, temperature, category)
             if self.drafts_always_rejected:
                 probs = tuple(0.0 for _ in probs)
-            self._probs_by_temperature[temperature] = probs
+            self._probs_by_content[category, temperature] = probs
         return probs
 
 

@@ -19,18 +19,41 @@ Model (all times in seconds at time scale 1, i.e. as on the real hardware the pr
   ``k`` per depth). The chance that depth ``d`` is accepted once depth ``d - 1`` was is
   ``q_d = 1 - (1 - p_d) ** (1 + topk_gain * (c_d - 1))`` with ``p_d = accept_first * accept_decay ** d``
   scaled down by temperature. A verify step accepts a prefix of the depths plus the bonus token.
+- Content: ``accept_first`` and ``accept_decay`` depend on what the request asks for (code and math are
+  drafted far better than open prose; random token ids make the target's output degenerate). The rule
+  (``content_category``) is deterministic: a prompt of token ids is ``random_ids``; a text prompt (chat
+  messages joined) belongs to the first of the profile's ``categories`` one of whose ``markers`` occurs
+  in its lowercased text, else to ``default_category`` (which uses the profile's own two parameters).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import mean
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.sglang.rules import SpecParams
+
+RANDOM_IDS = "random_ids"  # the category of a prompt given as token ids
+
+
+class ContentAcceptance(BaseModel):
+    """Acceptance of one content category and the text markers that select it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="Category name, as workloads label their requests.")
+    markers: tuple[str, ...] = Field(
+        default=(),
+        description="Lowercase substrings; a text prompt containing any of them is of this category.",
+    )
+    accept_first: float = Field(gt=0, lt=1, description="Acceptance chance of the first draft token.")
+    accept_decay: float = Field(gt=0, le=1, description="Per-depth factor on the acceptance chance.")
 
 
 class SimProfile(BaseModel):
@@ -57,6 +80,56 @@ class SimProfile(BaseModel):
     natural_output_tokens: int = Field(
         ge=1, description="Mean output length (exponential) of requests that do not set ignore_eos."
     )
+    default_category: str = Field(
+        default="chat",
+        description="Category of a text prompt no marker matches; it uses accept_first and accept_decay.",
+    )
+    categories: tuple[ContentAcceptance, ...] = Field(
+        default=(),
+        strict=False,
+        description="Text categories in matching order: the first whose marker occurs wins.",
+    )
+    random_ids: ContentAcceptance | None = Field(
+        default=None,
+        strict=False,
+        description="Acceptance of prompts given as token ids (named random_ids); null = the default's.",
+    )
+
+    @model_validator(mode="after")
+    def _unique_categories(self) -> SimProfile:
+        names = [self.default_category, RANDOM_IDS, *(c.name for c in self.categories)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"category names must be unique (random_ids is reserved): {names}")
+        return self
+
+    def acceptance(self, category: str) -> tuple[float, float]:
+        """(accept_first, accept_decay) of a category; ``ValueError`` for a name the profile lacks."""
+        if category == self.default_category or (category == RANDOM_IDS and self.random_ids is None):
+            return self.accept_first, self.accept_decay
+        for c in (*self.categories, *([self.random_ids] if self.random_ids else [])):
+            if c.name == category:
+                return c.accept_first, c.accept_decay
+        raise ValueError(f"profile {self.name!r} has no category {category!r}")
+
+    @property
+    def category_names(self) -> tuple[str, ...]:
+        """Every category this profile can assign."""
+        return (self.default_category, *(c.name for c in self.categories), RANDOM_IDS)
+
+
+def content_category(profile: SimProfile, prompt: Any) -> str:
+    """The category of a prompt (see the module docstring): token ids, else the first marker match."""
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return RANDOM_IDS
+    if isinstance(prompt, list):
+        text = " ".join(str(m.get("content") or "") for m in prompt if isinstance(m, dict))
+    else:
+        text = str(prompt)
+    lowered = text.lower()
+    for category in profile.categories:
+        if any(marker in lowered for marker in category.markers):
+            return category.name
+    return profile.default_category
 
 
 # 8x H200 (TP 8) serving a ~1T-parameter MoE target (Kimi-K2-like, ~32B active) with a one-layer EAGLE3
@@ -77,7 +150,25 @@ DEFAULT_PROFILE = SimProfile(
     topk_gain=0.45,
     temperature_penalty=0.15,
     natural_output_tokens=400,
+    default_category="chat",
+    categories=(
+        ContentAcceptance(
+            name="code",
+            markers=("```", "def ", "function", "python", "code"),
+            accept_first=0.88,
+            accept_decay=0.99,
+        ),
+        ContentAcceptance(
+            name="math",
+            markers=("solve", "calculate", "how many", "equation"),
+            accept_first=0.87,
+            accept_decay=0.985,
+        ),
+    ),
+    random_ids=ContentAcceptance(name=RANDOM_IDS, accept_first=0.62, accept_decay=0.9),
 )
+# The category mix ``ground_truth`` and the demo use when a workload names none.
+DEFAULT_MIX: tuple[tuple[str, float], ...] = (("code", 0.3), ("chat", 0.5), ("math", 0.2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +198,15 @@ class DraftShape:
 class Load:
     """A closed-loop benchmark run: ``concurrency`` clients start together at time 0, each sending its
     next request as soon as one finishes, until ``num_requests`` requests were sent. Requests ignore EOS
-    (fixed ``output_len``), as benchmark runs do."""
+    (fixed ``output_len``), as benchmark runs do. Each request's content category is drawn from ``mix``
+    ((category, weight) pairs; empty: every request is of the profile's default category)."""
 
     concurrency: int
     input_len: int
     output_len: int
     num_requests: int
     temperature: float = 0.0
+    mix: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +221,7 @@ class GroundTruth:
     ttft_s: float
     request_latency_s: float
     output_throughput: float  # output tokens per second over the whole run
+    accept_length_by_category: tuple[tuple[str, float], ...] = ()  # each category's expected value
 
 
 def depth_candidates(shape: DraftShape) -> tuple[int, ...]:
@@ -142,12 +236,16 @@ def depth_candidates(shape: DraftShape) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def depth_accept_probs(profile: SimProfile, shape: DraftShape, temperature: float) -> tuple[float, ...]:
-    """Chance that each depth is accepted given the one before it was (see the module docstring)."""
+def depth_accept_probs(
+    profile: SimProfile, shape: DraftShape, temperature: float, category: str | None = None
+) -> tuple[float, ...]:
+    """Chance that each depth is accepted given the one before it was (see the module docstring), for
+    requests of ``category`` (None: the profile's default category)."""
+    first, decay = profile.acceptance(category or profile.default_category)
     heat = 1.0 - profile.temperature_penalty * min(max(temperature, 0.0), 1.0)
     probs = []
     for d, candidates in enumerate(depth_candidates(shape)):
-        p = profile.accept_first * profile.accept_decay**d * heat
+        p = first * decay**d * heat
         probs.append(1.0 - (1.0 - p) ** (1.0 + profile.topk_gain * (candidates - 1)))
     return tuple(probs)
 
@@ -204,6 +302,7 @@ class _Flight:
     """One request in the reference run."""
 
     arrival: float
+    probs: tuple[float, ...] = ()
     tokens: int = 0
     first_token: float = 0.0
     verify_steps: int = 0
@@ -219,20 +318,27 @@ def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
     noise of the means well under 1%.
     """
     shape = DraftShape.from_spec(spec)
-    probs = depth_accept_probs(profile, shape, load.temperature) if shape is not None else ()
+    mix = load.mix or ((profile.default_category, 1.0),)
+    probs = {
+        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
+        for name, _ in mix
+    }
     batch = max(1, min(load.concurrency, spec.max_running_requests or load.concurrency))
     rng = random.Random(seed)
     finished: list[tuple[_Flight, float]] = []
     wall = 0.0
     while True:
-        finished += _closed_loop_run(profile, shape, probs, spec.max_running_requests, load, rng)
+        finished += _closed_loop_run(profile, shape, probs, mix, spec.max_running_requests, load, rng)
         wall += max(end for _, end in finished[-load.num_requests :])
         if sum(f.verify_steps for f, _ in finished) >= 20_000 or shape is None:
             break
     decode_tokens = load.output_len - 1
     verify_ct = sum(f.verify_steps for f, _ in finished)
+    by_category = tuple(
+        (name, expected_accept_length(p) if shape is not None else 1.0) for name, p in probs.items()
+    )
     return GroundTruth(
-        accept_length=expected_accept_length(probs) if shape is not None else 1.0,
+        accept_length=mix_accept_length(by_category, mix),
         reported_accept_length=mean(load.output_len / f.verify_steps for f, _ in finished if f.verify_steps)
         if verify_ct
         else math.nan,
@@ -244,13 +350,33 @@ def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
         ttft_s=mean(f.first_token - f.arrival for f, _ in finished),
         request_latency_s=mean(end - f.arrival for f, end in finished),
         output_throughput=len(finished) * load.output_len / wall,
+        accept_length_by_category=by_category,
     )
+
+
+def mix_accept_length(
+    by_category: tuple[tuple[str, float], ...], mix: tuple[tuple[str, float], ...]
+) -> float:
+    """Tokens per verify step over a mix of equally long requests: each request of category ``c`` takes
+    ``L / a_c`` steps, so the server-wide average is the weight-harmonic mean of the ``a_c``."""
+    lengths = dict(by_category)
+    total = sum(w for _, w in mix)
+    return total / sum(w / lengths[name] for name, w in mix)
+
+
+def draw_category(mix: tuple[tuple[str, float], ...], rng: random.Random) -> str:
+    """One category drawn from (category, weight) pairs (no draw for a single one, so it uses no RNG)."""
+    if len(mix) == 1:
+        return mix[0][0]
+    names = [name for name, _ in mix]
+    return rng.choices(names, weights=[w for _, w in mix])[0]
 
 
 def _closed_loop_run(
     profile: SimProfile,
     shape: DraftShape | None,
-    probs: tuple[float, ...],
+    probs: Mapping[str, tuple[float, ...]],
+    mix: tuple[tuple[str, float], ...],
     max_running: int | None,
     load: Load,
     rng: random.Random,
@@ -265,7 +391,7 @@ def _closed_loop_run(
     while len(done) < load.num_requests:
         if not running and not waiting and not any(t <= now for t in arrivals):
             now = min(arrivals)  # idle: the next arrival starts an iteration at once
-        waiting += [_Flight(t) for t in arrivals if t <= now]
+        waiting += [_Flight(t, probs[draw_category(mix, rng)]) for t in arrivals if t <= now]
         arrivals = [t for t in arrivals if t > now]
         admitted = admissions(len(waiting), len(running), max_running)
         if admitted:
@@ -277,7 +403,7 @@ def _closed_loop_run(
         else:
             now += decode_step_seconds(profile, shape, len(running))
             for flight in running:
-                flight.tokens += 1 + (sample_accepted_drafts(probs, rng) if shape is not None else 0)
+                flight.tokens += 1 + (sample_accepted_drafts(flight.probs, rng) if shape is not None else 0)
                 flight.verify_steps += shape is not None
         still: list[_Flight] = []
         for flight in running:

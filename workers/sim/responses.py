@@ -22,6 +22,11 @@ class OpenAIForm:
     model: str
     rid: str
     details: bool
+    cache_report: bool  # --enable-cache-report: usage carries prompt_tokens_details.cached_tokens
+
+    def usage(self, req: SimRequest, progress: Progress) -> dict[str, Any]:
+        """The usage object of a chunk or response, as SGLang's UsageProcessor builds it."""
+        return usage(req, progress, self.cache_report)
 
     def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -78,7 +83,7 @@ class OpenAIForm:
                 "finish_reason": kind,
                 "matched_stop": matched,
             }
-        body = self._envelope([choice], usage=usage(req, progress), metadata=None)
+        body = self._envelope([choice], usage=self.usage(req, progress), metadata=None)
         body["object"] = "chat.completion" if self.chat else "text_completion"
         if self.details and details:
             body[api.SGLEXT] = _sglext(details)
@@ -107,12 +112,13 @@ def _finish(finish_reason: dict[str, Any] | None) -> tuple[str | None, Any]:
     return finish_reason["type"], finish_reason.get("matched")
 
 
-def usage(req: SimRequest, progress: Progress) -> dict[str, Any]:
+def usage(req: SimRequest, progress: Progress, cache_report: bool) -> dict[str, Any]:
+    """Chat usage; the simulator keeps no prefix cache, so a cache report says 0 cached tokens."""
     return {
         "prompt_tokens": req.prompt_tokens,
         "total_tokens": req.prompt_tokens + progress.completion_tokens,
         "completion_tokens": progress.completion_tokens,
-        "prompt_tokens_details": None,
+        api.USAGE_PROMPT_TOKENS_DETAILS: {api.META_CACHED_TOKENS: 0} if cache_report else None,
         "reasoning_tokens": 0,
         "completion_tokens_details": None,
     }

@@ -31,12 +31,12 @@ from workers.sim.engine import Progress, SimEngine, SimRequest
 from workers.sim.faults import READY_LINE, log_line
 from workers.sim.launch import ServedConfig
 from workers.sim.metrics import SimMetrics
+from workers.sim.model import content_category
 from workers.sim.responses import (
     OpenAIForm,
     error_response,
     json_response,
     token_texts,
-    usage,
     write_event,
 )
 from workers.sim.settings import FaultMode, SimSettings
@@ -257,7 +257,7 @@ class SimServer:
             return error_response("timeout must be a number", "BadRequestError", 400)
         while not engine.is_idle() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if engine.flush_cache():
+        if self.settings.fault is not FaultMode.FLUSH_REFUSED and engine.flush_cache():
             return web.Response(
                 text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
                 "waiting requests, the operation will not be performed.)\n"
@@ -328,6 +328,7 @@ class SimServer:
             temperature=params.temperature,
             ignore_eos=params.ignore_eos,
             stop=params.stop,
+            category=content_category(self.settings.profile, prompt),
         )
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -443,6 +444,7 @@ class SimServer:
             model=str(body.get("model") or self.config.served_model_name),
             rid=sim_request.rid,
             details=bool(body.get(api.RETURN_SPEC_TOKENS_DETAILS)),
+            cache_report=bool(self.config.resolved_args.get(api.ENABLE_CACHE_REPORT)),
         )
         if not body.get("stream"):
             progress = await self._until_finished(sim_request)
@@ -458,7 +460,11 @@ class SimServer:
             sent_chars = 0
             while True:
                 progress = await sim_request.updates.get()
-                running = usage(sim_request, progress) if options.get("continuous_usage_stats") else None
+                running = (
+                    stream_form.usage(sim_request, progress)
+                    if options.get("continuous_usage_stats")
+                    else None
+                )
                 chunk = stream_form.delta_chunk(progress.text[sent_chars:], running)
                 sent_chars = len(progress.text)
                 chunk[api.SIM_SCHEDULED_NS] = progress.scheduled_ns
@@ -470,7 +476,7 @@ class SimServer:
             if stream_form.details and details:
                 await write_event(response, stream_form.sglext_chunk(details))
             if options.get("include_usage"):
-                await write_event(response, stream_form.usage_chunk(usage(sim_request, progress)))
+                await write_event(response, stream_form.usage_chunk(stream_form.usage(sim_request, progress)))
             await response.write(_SSE_DONE)
         except (ConnectionResetError, asyncio.CancelledError):
             self._engine().abort(sim_request)

@@ -59,6 +59,7 @@ class FaultMode(StrEnum):
     HANG_BEFORE_READY = "hang_before_ready"  # listens, but never finishes loading (/health stays 503)
     HANG_MID_STREAM = "hang_mid_stream"  # the scheduler stalls halfway through request FAULT_AFTER + 1
     HTTP_500 = "http_500"  # every FAULT_EVERY-th generation request answers HTTP 500
+    FLUSH_REFUSED = "flush_refused"  # /flush_cache always answers 400, as SGLang does while requests run
 
 
 class SimSettings(BaseModel):
