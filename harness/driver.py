@@ -42,6 +42,7 @@ from harness.results import (
     write_sweep_row,
 )
 from harness.retry import allowed_failures
+from harness.search.session import SearchSession
 from harness.spec import SweepSpec
 from specsweep.errors import ClusterError
 from workers.job import AttemptResult, JobSpec
@@ -211,12 +212,16 @@ class Driver:
         self._stop_signal: int | None = None
         self._job_seconds: list[float] = []
         self._worker_class = ray.remote(NodeWorker)
+        self.search = SearchSession(spec, plan, out) if spec.search.strategy == "model" else None
+        self._search_asked_at: tuple[int, int] | None = None  # (done, failed) when it last had nothing
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
     def run(self) -> SweepSummary:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if self.search is not None:
+                self._ask_search(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf)))
             if self.queue.counts()["pending"] == 0:  # a resume of a finished sweep
                 return SweepSummary(self.queue.counts(), interrupted=False)
             self._create_slots()
@@ -281,6 +286,8 @@ class Driver:
                 self._stop(signal.Signals(self._stop_signal).name)
                 return SweepSummary(self.queue.counts(), interrupted=True)
             counts = self.queue.counts()
+            if self.search is not None and counts["pending"] == 0:
+                counts = self._ask_search(sum(1 for s in self.slots if s.state == "idle"))
             if counts["pending"] == 0 and not any(s.state == "busy" for s in self.slots):
                 return SweepSummary(counts, interrupted=False)
             self._dispatch()
@@ -310,6 +317,23 @@ class Driver:
                 f"start  {job.config_label} r{job.repeat_index} ({job.job_id}) attempt {lease.attempt} "
                 f"on slot {slot.index} ({slot.node})"
             )
+
+    def _ask_search(self, free: float) -> dict[str, int]:
+        """Queue the search's next launches for ``free`` slots; asked again only once something
+        finished or failed since it last had nothing to add."""
+        assert self.search is not None
+        counts = self.queue.counts()
+        seen = (counts["done"], counts["failed"])
+        if free < 1 or seen == self._search_asked_at:
+            return counts
+        decision, jobs = self.search.next_jobs(self.queue, int(free))
+        self._search_asked_at = None if jobs else seen
+        for job in jobs:
+            self.jobs[job.job_id] = job
+            self.progress.event(f"search: launch {job.config_label} r{job.repeat_index} ({decision.reason})")
+        if not jobs and decision.finished:
+            self.progress.event(f"search: {decision.reason}")
+        return self.queue.counts()
 
     @staticmethod
     def _attempt_budget(job: JobSpec) -> float:
@@ -479,15 +503,17 @@ class Driver:
         return SweepView(counts=counts, slots=slots, eta_s=eta)
 
 
-def _prepare_queue(queue: JobQueue, plan: Plan, out: Path, progress: Progress) -> int:
-    """Add the plan's jobs (ids already there are kept) and settle jobs a dead driver left leased:
-    committed ones are done, the others pending again. Returns the sweep's creation time."""
+def _prepare_queue(queue: JobQueue, plan: Plan, out: Path, progress: Progress, *, search: bool) -> int:
+    """Add the plan's jobs (ids already there are kept; a search adds its own as it decides) and settle
+    jobs a dead driver left leased: committed ones are done, the others pending again. Returns the
+    sweep's creation time."""
     created = queue.get_meta("created_ns")
     if created is None:
         created = str(time.time_ns())
         queue.set_meta("created_ns", created)
         queue.set_meta("sweep_id", plan.sweep_id)
-    queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json()) for job in plan.jobs])
+    if not search:
+        queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json()) for job in plan.jobs])
     for job_id in queue.ids_in("leased"):
         if is_committed(out, plan.sweep_id, job_id):
             queue.mark_done(job_id, "results were committed before the previous driver stopped")
@@ -521,7 +547,7 @@ def run_sweep(
             lock = None
             try:
                 lock = _acquire_driver_lock(plan.sweep_id, out)
-                created = _prepare_queue(queue, plan, out, progress)
+                created = _prepare_queue(queue, plan, out, progress, search=spec.search.strategy == "model")
                 write_sweep_row(
                     out, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created
                 )
