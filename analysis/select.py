@@ -244,7 +244,7 @@ def _single_sweep(con: duckdb.DuckDBPyConnection) -> str:
             f"holds {len(ids)} sweeps ({', '.join(ids)}); best ranks one sweep at a time",
             fix="give each sweep its own output directory",
         )
-    return ids[0]
+    return str(ids[0])
 
 
 def _load_runs(
@@ -418,7 +418,7 @@ class _Resampler:
     def replicates_of(self, level: str, runs: list[_Run]) -> np.ndarray:
         """Replicates of the config's objective: per replicate, the median over its repeats."""
         per_run = np.stack([self._run_replicates(level, run) for run in runs])
-        return np.median(per_run, axis=0)
+        return np.asarray(np.median(per_run, axis=0))
 
     def _run_replicates(self, level: str, run: _Run) -> np.ndarray:
         aggregate = self._metric.aggregate
@@ -521,7 +521,7 @@ def ratio_replicates(
     noise = rng.standard_normal((replicates, counts.size))
     draws = np.maximum(counts + np.sqrt(counts) * noise, 0.0)
     ratios = (draws @ (value_sums / counts)) / np.maximum(draws @ (latency_sums / counts), 1e-12)
-    return ratios / (value_sums.sum() / latency_sums.sum())
+    return np.asarray(ratios / (value_sums.sum() / latency_sums.sum()))
 
 
 def rate_replicates(
@@ -557,7 +557,7 @@ def quantile_replicates(
     u_high = u_low + (1 - u_low) * rng.beta(1, n - k, replicates) if k < n else u_low
     low = values[np.clip(np.ceil(u_low * n).astype(int) - 1, 0, n - 1)]
     high = values[np.clip(np.ceil(u_high * n).astype(int) - 1, 0, n - 1)]
-    return low + frac * (high - low)
+    return np.asarray(low + frac * (high - low))
 
 
 def _float64_view(array: pa.Array) -> np.ndarray:

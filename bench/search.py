@@ -25,7 +25,7 @@ from bench.common import emit
 from harness.search.model import Candidate, LevelResult, Observation
 from harness.search.strategy import Budget, SearchState, propose
 from workers.sglang.rules import SpecParams
-from workers.sim_model import (
+from workers.sim.model import (
     DEFAULT_PROFILE,
     DraftShape,
     Load,
@@ -192,7 +192,7 @@ def run_search(oracle: Oracle) -> tuple[list[Observation], int]:
 
 def main() -> int:
     rows = []
-    print("# oracle: the simulator's performance model (workers.sim_model.ground_truth) with 1% throughput")
+    print("# oracle: the simulator's performance model (workers.sim.model.ground_truth) with 1% throughput")
     print("# noise and sampled acceptance histograms; launch time = startup + level run time; 2 slots")
     print("# configs:", ", ".join(c.label for c, _ in space()), f"({len(space())})")
     for sc in scenarios():

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.commands.base import Command
-from harness.queue import AttemptRow, open_read_only, read_attempts, read_counts, read_jobs, read_meta
+from harness.queue import AttemptRow, JobRow, open_read_only, read_attempts, read_counts, read_jobs, read_meta
 from harness.search.session import BELIEF_KEY
 from specsweep.errors import ResultsError
 
@@ -67,7 +67,9 @@ def _print_search(search: dict[str, Any]) -> None:
         print(f"  {level['level']}: best so far {best}; in contention: {', '.join(level['contenders'])}")
 
 
-def _print(sweep_id: str | None, counts: dict[str, int], jobs: list, attempts: list) -> None:
+def _print(
+    sweep_id: str | None, counts: dict[str, int], jobs: list[JobRow], attempts: list[AttemptRow]
+) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -18,7 +18,7 @@ from harness.queue import JobQueue
 from harness.search.model import Candidate, LevelResult, Observation
 from harness.search.strategy import Budget, Decision, SearchState, propose
 from harness.spec import SweepSpec
-from workers import layout
+from analysis import layout
 from workers.job import JobSpec
 
 BELIEF_KEY = "search_belief"
