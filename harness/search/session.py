@@ -13,12 +13,12 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from analysis import layout
 from harness.plan import Plan
 from harness.queue import JobQueue
 from harness.search.model import Candidate, LevelResult, Observation
 from harness.search.strategy import Budget, Decision, SearchState, propose
 from harness.spec import SweepSpec
-from analysis import layout
 from workers.job import JobSpec
 
 BELIEF_KEY = "search_belief"
