@@ -8,10 +8,15 @@ launches than the grid, and never launch a (config, repeat) twice.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
+from harness.cli import main
+from harness.plan import unchecked_plan
+from harness.queue import JobQueue
 from harness.search.model import Candidate, LevelResult, Observation, accept_length, chain_acceptance
+from harness.search.session import SearchSession
 from harness.search.strategy import Budget, SearchState, propose, seed_order
 from harness.spec import parse_spec
 
@@ -195,3 +200,33 @@ def test_spec_refuses_search_when_model_meets_rates_or_grid_gets_a_budget() -> N
     with pytest.raises(SpecError, match="search: max_launches / max_node_hours limit the model"):
         parse_spec(_spec(max_launches=4))
     assert parse_spec(_spec(strategy="model", max_node_hours=2)).search.max_node_hours == 2
+
+
+def test_session_queues_each_launch_once_and_status_shows_the_belief_when_seeds_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver's side without a server: the seeds enter the queue as proposed, a finished one is not
+    proposed again, and `specsweep status` prints node-hours and the search's belief per level."""
+    spec = parse_spec(
+        {
+            "engine": "sim",
+            "model_path": "/m",
+            "speculative": {"chain_depths": [2, 3, 4]},
+            "load": {"concurrency": [1, 4], "requests_per_level": 4},
+            "search": {"strategy": "model"},
+        }
+    )
+    queue = JobQueue(tmp_path)
+    session = SearchSession(spec, unchecked_plan(spec), tmp_path)
+    _, jobs = session.next_jobs(queue, 2)
+    assert [j.config_label for j in jobs] == ["baseline", "chain d=4"]
+    lease = queue.lease(0, other_slots=True)
+    assert lease is not None and queue.complete(lease, node="n1", worker_s=1.0)
+    decision, jobs = session.next_jobs(queue, 1)
+    assert [j.config_label for j in jobs] == ["chain d=2"] and decision.reason == "seed"
+    assert [row.label for row in queue.jobs()] == ["baseline", "chain d=4", "chain d=2"]
+    queue.close()
+    assert main(["status", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "node-hours spent: 0.000" in printed and "search (running: seed):" in printed
+    assert "concurrency=4: best so far none yet; in contention: baseline, chain d=2" in printed
