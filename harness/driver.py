@@ -222,8 +222,9 @@ class Driver:
     def run(self) -> SweepSummary:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            if self.search is not None:
-                self._ask_search(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf)))
+            if self.search is not None:  # a resume first runs what the last driver had queued
+                slots = max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf))
+                self._ask_search(slots - self.queue.counts()["pending"])
             if self.queue.counts()["pending"] == 0:  # a resume of a finished sweep
                 return SweepSummary(self.queue.counts(), interrupted=False)
             self._create_slots()
@@ -238,7 +239,8 @@ class Driver:
 
     def _create_slots(self) -> None:
         pending = self.queue.counts()["pending"]
-        count = int(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, pending)))
+        jobs = pending if self.search is None else math.inf  # a search queues more as slots free up
+        count = int(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, jobs)))
         bundle = {"GPU": float(self.spec.gpus_per_server), "CPU": float(self.spec.cpus_per_server)}
         for index in range(count):
             slot = Slot(index=index, group=placement_group([bundle], strategy="STRICT_PACK"))
@@ -331,7 +333,6 @@ class Driver:
         decision, jobs = self.search.next_jobs(self.queue, int(free))
         self._search_asked_at = None if jobs else seen
         for job in jobs:
-            self.jobs[job.job_id] = job
             self.progress.event(f"search: launch {job.config_label} r{job.repeat_index} ({decision.reason})")
         if not jobs and decision.finished:
             self.progress.event(f"search: {decision.reason}")
