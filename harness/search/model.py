@@ -30,6 +30,8 @@ Z = 2.0  # interval half-width in standard deviations (about 95%)
 PRIOR_SCALE = 100.0  # prior sd of each cost, in units of the median measured y (vague on purpose)
 GAIN_SLACK = 0.02  # gains whose RMS accept-length error is within this many tokens of the best fit's
 GAIN_GRID = np.linspace(0.0, 1.0, 101)
+MIN_DOF = 5  # residual degrees of freedom before the residuals may also narrow the assumed noise
+MIN_NOISE_SCALE = 0.25  # ... down to half the assumed sd at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +201,9 @@ class StepFit:
 def fit_steps(
     candidates: dict[str, Candidate], observations: list[Observation], levels: tuple[str, ...], noise: float
 ) -> StepFit:
-    """Weighted Bayesian least squares of ``y = a B / T`` over every measured (config, level); the
-    residuals widen the assumed relative noise when the model fits worse than the measurements."""
+    """Weighted Bayesian least squares of ``y = a B / T`` over every measured (config, level). The
+    residuals scale the assumed relative noise: up when the model fits worse than it, and, once there
+    are MIN_DOF residual degrees of freedom, down to half of it when it fits better."""
     size = 4 + len(levels)
     rows, ys = [], []
     for obs in observations:
@@ -225,5 +228,5 @@ def fit_steps(
     dof = len(y) - np.linalg.matrix_rank(X)
     if dof > 0:
         scale = float(np.sum(w * (y - X @ mean) ** 2)) / dof
-        cov = cov * max(1.0, scale)
+        cov = cov * max(1.0 if dof < MIN_DOF else MIN_NOISE_SCALE, scale)
     return StepFit(levels, mean, cov)

@@ -182,12 +182,15 @@ def _beliefs(
     state: SearchState, preds: dict[tuple[str, str], Prediction], tolerance: float
 ) -> tuple[tuple[LevelBelief, ...], list[str]]:
     """Per level, the best measured config and the contenders; plus the unlaunched contenders of any
-    level, highest predicted gain over the best first."""
+    level, highest predicted gain over the best first. A launch in flight predicted to beat a contender
+    raises that contender's bar: it is launched only if it may still beat the launch in flight."""
     labels = {c.config_id: c.label for c in state.candidates}
+    flying = {cid for cid, _ in state.in_flight}
     gain: dict[str, float] = {}
     beliefs = []
     for name, _ in state.levels:
         best = _best_measured(preds, name)
+        awaited = max((preds[(cid, name)].point for cid in flying), default=0.0)
         contenders = []
         for cand in state.candidates:
             p = preds[(cand.config_id, name)]
@@ -202,7 +205,7 @@ def _beliefs(
             if not in_play:
                 continue
             contenders.append(labels[cand.config_id])
-            if not p.measured:
+            if not p.measured and p.high > awaited * (1.0 + tolerance):
                 gain[cand.config_id] = max(gain.get(cand.config_id, -math.inf), ratio)
         beliefs.append(
             LevelBelief(
