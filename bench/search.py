@@ -9,7 +9,8 @@ only those measurements. Regret is the true throughput of the final choice vs th
 level, from the same model. Two slots run in parallel, as on a two-node cluster.
 
 Goal (issue #16): within 2% of the true best at every level in >= 9 of 10 scenarios, with <= 25% of the
-grid's launches and <= 25% of its node-hours. Run: ``.venv/bin/python -m bench.search`` (~1 min).
+grid's launches and <= 25% of its node-hours. Run: ``.venv/bin/python -m bench.search`` (about 5 min on
+2 shared cores, most of it computing the ground truth of 44 configs x 3-4 levels x 10 scenarios).
 """
 
 from __future__ import annotations
