@@ -230,3 +230,27 @@ def test_session_queues_each_launch_once_and_status_shows_the_belief_when_seeds_
     printed = capsys.readouterr().out
     assert "node-hours spent: 0.000" in printed and "search (running: seed):" in printed
     assert "concurrency=4: best so far none yet; in contention: baseline, chain d=2" in printed
+
+
+def test_plan_says_the_search_picks_launches_when_strategy_is_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`specsweep plan` of a model search lists the space and says the run launches only what it picks."""
+    import yaml
+
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "engine": "sim",
+                "model_path": str(Path(__file__).resolve().parents[1] / "fixtures" / "kimi-k2-mtp"),
+                "base_args": ["--tp-size", "8"],
+                "speculative": {"chain_depths": [2, 3]},
+                "load": {"concurrency": [1], "requests_per_level": 4},
+                "search": {"strategy": "model"},
+            }
+        )
+    )
+    assert main(["plan", str(spec_file), "--builtin-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "chain d=3" in printed and "search: model - these jobs are the space" in printed
