@@ -121,12 +121,12 @@ def predictions(state: SearchState, noise: float = MEASUREMENT_NOISE) -> dict[tu
 
 def seed_order(candidates: tuple[Candidate, ...]) -> list[Candidate]:
     """The launches that make the model identifiable, most informative first (see the module doc)."""
-    chains = sorted((c for c in candidates if c.is_chain), key=lambda c: c.depth)
+    chains = [c for c in candidates if c.is_chain]  # topk 1, or a tree too small to branch
     trees = [c for c in candidates if c.speculative and not c.is_chain]
     picks: list[Candidate | None] = [
         next((c for c in candidates if not c.speculative), None),
-        chains[-1] if chains else None,
-        chains[0] if chains else None,
+        max(chains, key=lambda c: (c.depth, c.topk == 1)) if chains else None,
+        min(chains, key=lambda c: (c.depth, c.topk != 1)) if chains else None,
         max(trees, key=lambda c: (c.draft_tokens or 0, c.topk or 0)) if trees else None,
     ]
     seen: dict[str, Candidate] = {}
