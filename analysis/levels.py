@@ -28,13 +28,15 @@ def summarize_level(
     server_accept_length: float | None,
     client_delay_p50_us: float | None = None,
     client_delay_p99_us: float | None = None,
+    stop_reason: str | None = None,
 ) -> LevelRecord:
     """The ``levels`` row for ``load_level`` from ``requests`` (REQUESTS_SCHEMA rows of one job).
 
     Rows of other levels and warmup rows are ignored. ``duration_s`` is the measured window of the
     level (first non-warmup send to last completion) that rates divide by; ``gpus`` the GPUs the
     server used; ``server_accept_length`` SGLang's own ``avg_spec_accept_length`` (null if absent);
-    ``client_delay_*_us`` the load generator's calibration before the level (null if not measured).
+    ``client_delay_*_us`` the load generator's calibration before the level (null if not measured);
+    ``stop_reason`` why the level ended (``precision`` or ``limit``).
     """
     import duckdb
 
@@ -74,6 +76,7 @@ def summarize_level(
         server_accept_length=server_accept_length,
         client_delay_p50_us=client_delay_p50_us,
         client_delay_p99_us=client_delay_p99_us,
+        stop_reason=stop_reason,
         **summary,
     )
 

@@ -165,6 +165,7 @@ class LevelRecord:
     server_accept_length: float | None
     client_delay_p50_us: float | None
     client_delay_p99_us: float | None
+    stop_reason: str | None  # "precision" (a sequential level stopped early) or "limit"; null: older rows
 
 
 def _latency_fields(name: str) -> list[pa.Field]:
@@ -210,6 +211,7 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("server_accept_length", pa.float64()),
         pa.field("client_delay_p50_us", pa.float64()),
         pa.field("client_delay_p99_us", pa.float64()),
+        pa.field("stop_reason", pa.string()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
 )

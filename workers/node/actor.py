@@ -222,6 +222,7 @@ class NodeWorker:
                     server_accept_length=server_accept_length(info),
                     client_delay_p50_us=result.client_delay.p50_us,
                     client_delay_p99_us=result.client_delay.p99_us,
+                    stop_reason=result.stop_reason,
                 )
             )
         self._snapshot_metrics(server, state)
