@@ -30,6 +30,7 @@ def summarize_level(
     client_delay_p99_us: float | None = None,
     run_index: int | None = None,
     cache_flushed: bool | None = None,
+    stop_reason: str | None = None,
 ) -> LevelRecord:
     """The ``levels`` row for ``load_level`` from ``requests`` (REQUESTS_SCHEMA rows of one job).
 
@@ -38,6 +39,7 @@ def summarize_level(
     server used; ``server_accept_length`` SGLang's own ``avg_spec_accept_length`` (null if absent);
     ``client_delay_*_us`` the load generator's calibration before the level (null if not measured);
     ``run_index`` the level's position in the job's run order; ``cache_flushed`` the flush's outcome.
+    ``stop_reason`` why the level ended (``precision`` or ``limit``).
     """
     import duckdb
 
@@ -79,6 +81,7 @@ def summarize_level(
         client_delay_p99_us=client_delay_p99_us,
         run_index=run_index,
         cache_flushed=cache_flushed,
+        stop_reason=stop_reason,
         **summary,
     )
 

@@ -175,6 +175,7 @@ class LevelRecord:
     client_delay_p99_us: float | None
     run_index: int | None = None  # the level's position in its job's run order (0 first)
     cache_flushed: bool | None = None  # /flush_cache before the level succeeded; null when not asked
+    stop_reason: str | None = None  # "precision" (a sequential level stopped early) or "limit"
 
 
 def _latency_fields(name: str) -> list[pa.Field]:
@@ -222,6 +223,7 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("client_delay_p99_us", pa.float64()),
         pa.field("run_index", pa.int32()),
         pa.field("cache_flushed", pa.bool_()),
+        pa.field("stop_reason", pa.string()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
 )

@@ -34,6 +34,7 @@ from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
 from harness.queue import JobQueue, Lease
 from harness.results import check_output_dir, claim_output_dir, median_client_delay_us, write_sweep_row
+from harness.search.session import SearchSession
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
 from specsweep.error_classes import ErrorClass
@@ -218,12 +219,17 @@ class Driver:
         self._stop_signal: int | None = None
         self._job_seconds: list[float] = []
         self._worker_class = ray.remote(NodeWorker)
+        self.search = SearchSession(spec, plan, out) if spec.search.strategy == "model" else None
+        self._search_asked_at: tuple[int, int] | None = None  # (done, failed) when it last had nothing
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
     def run(self) -> SweepSummary:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if self.search is not None:  # a resume first runs what the last driver had queued
+                slots = max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf))
+                self._ask_search(slots - self.queue.counts()["pending"])
             if self.queue.counts()["pending"] == 0:  # a resume of a finished sweep
                 return SweepSummary(self.queue.counts(), interrupted=False)
             self._create_slots()
@@ -238,7 +244,8 @@ class Driver:
 
     def _create_slots(self) -> None:
         pending = self.queue.counts()["pending"]
-        count = int(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, pending)))
+        jobs = pending if self.search is None else math.inf  # a search queues more as slots free up
+        count = int(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, jobs)))
         bundle = {"GPU": float(self.spec.gpus_per_server), "CPU": float(self.spec.cpus_per_server)}
         for index in range(count):
             slot = Slot(index=index, group=placement_group([bundle], strategy="STRICT_PACK"))
@@ -288,6 +295,8 @@ class Driver:
                 self._stop(signal.Signals(self._stop_signal).name)
                 return SweepSummary(self.queue.counts(), interrupted=True)
             counts = self.queue.counts()
+            if self.search is not None and counts["pending"] == 0:
+                counts = self._ask_search(sum(1 for s in self.slots if s.state == "idle"))
             if counts["pending"] == 0 and not any(s.state == "busy" for s in self.slots):
                 return SweepSummary(counts, interrupted=False)
             self._dispatch()
@@ -317,6 +326,22 @@ class Driver:
                 f"start  {job.config_label} r{job.repeat_index} ({job.job_id}) attempt {lease.attempt} "
                 f"on slot {slot.index} ({slot.node})"
             )
+
+    def _ask_search(self, free: float) -> dict[str, int]:
+        """Queue the search's next launches for ``free`` slots; asked again only once something
+        finished or failed since it last had nothing to add."""
+        assert self.search is not None
+        counts = self.queue.counts()
+        seen = (counts["done"], counts["failed"])
+        if free < 1 or seen == self._search_asked_at:
+            return counts
+        decision, jobs = self.search.next_jobs(self.queue, int(free))
+        self._search_asked_at = None if jobs else seen
+        for job in jobs:
+            self.progress.event(f"search: launch {job.config_label} r{job.repeat_index} ({decision.reason})")
+        if not jobs and decision.finished:
+            self.progress.event(f"search: {decision.reason}")
+        return self.queue.counts()
 
     @staticmethod
     def _attempt_budget(job: JobSpec) -> float:
@@ -463,15 +488,17 @@ class Driver:
         return SweepView(counts=counts, slots=slots, eta_s=eta)
 
 
-def _prepare_queue(queue: JobQueue, plan: Plan, out: Path, progress: Progress) -> int:
-    """Add the plan's jobs (ids already there are kept) and settle jobs a dead driver left leased
-    (harness.settle: by their committed rows). Returns the sweep's creation time."""
+def _prepare_queue(queue: JobQueue, plan: Plan, out: Path, progress: Progress, *, search: bool) -> int:
+    """Add the plan's jobs (ids already there are kept; a search adds its own as it decides) and settle
+    jobs a dead driver left leased (harness.settle: by their committed rows). Returns the sweep's
+    creation time."""
     created = queue.get_meta("created_ns")
     if created is None:
         created = str(time.time_ns())
         queue.set_meta("created_ns", created)
         queue.set_meta("sweep_id", plan.sweep_id)
-    queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json()) for job in plan.jobs])
+    if not search:
+        queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json()) for job in plan.jobs])
     settle_leftovers(queue, out, plan.sweep_id)
     counts = queue.counts()
     progress.event(
@@ -503,7 +530,7 @@ def run_sweep(
             queue = None
             try:
                 queue = JobQueue(out)
-                created = _prepare_queue(queue, plan, out, progress)
+                created = _prepare_queue(queue, plan, out, progress, search=spec.search.strategy == "model")
                 write_sweep_row(
                     out, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created
                 )

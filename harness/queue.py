@@ -370,6 +370,9 @@ class JobQueue:
     def jobs(self) -> list[JobRow]:
         return read_jobs(self._conn)
 
+    def attempts(self) -> list[AttemptRow]:
+        return read_attempts(self._conn)
+
     def failures(self, job_id: str) -> int:
         """Failed attempts of ``job_id`` so far."""
         return int(self._conn.execute("SELECT failures FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])

@@ -12,12 +12,12 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from specsweep.errors import SpecError
-from workers.job import DrafterSpec, Engine, LoadPlan, PositiveInt, StrictModel, Timeouts
+from workers.job import DrafterSpec, Engine, LoadPlan, PositiveFloat, PositiveInt, StrictModel, Timeouts
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
 # owns where the server listens, the spec owns the model and the drafter.
@@ -57,6 +57,29 @@ class SpeculativeGrid(StrictModel):
     chain_depths: list[Annotated[int, Field(ge=2)]] = Field(
         default_factory=list,
         description="Chain drafts by depth: depth d runs topk 1, num_draft_tokens d, num_steps d - 1.",
+    )
+
+
+class SearchSpec(StrictModel):
+    """How the sweep chooses its launches: every point (grid), or a model-based search (docs/search.md)."""
+
+    strategy: Literal["grid", "model"] = Field(
+        default="grid",
+        description="grid: launch every valid point x repeats; model: launch only the configs a model of "
+        "acceptance and step time still holds in contention for the best throughput at some level.",
+    )
+    max_launches: PositiveInt | None = Field(
+        default=None, description="model: stop launching after this many launches (repeats included)."
+    )
+    max_node_hours: PositiveFloat | None = Field(
+        default=None,
+        description="model: stop launching once finished and running launches would exceed this many "
+        "server-slot hours (startup included).",
+    )
+    tolerance: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=0.01,
+        description="model: a config stays in contention while it may beat the best measured throughput "
+        "by more than this fraction (0.01: 1%).",
     )
 
 
@@ -112,6 +135,10 @@ class SweepSpec(StrictModel):
         description="Environment variables for every server process (NCCL_*, CUDA_*, ...), as strings.",
     )
     seed: int = Field(default=0, description="Seed of the workload and anything else random in the sweep.")
+    search: SearchSpec = Field(
+        default_factory=SearchSpec,
+        description="Which points to launch: the whole grid or a model-based search.",
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> SweepSpec:
@@ -121,7 +148,9 @@ class SweepSpec(StrictModel):
 
     def sweep_id(self) -> str:
         """Stable id of what the sweep measures (the output directory is not part of it)."""
-        canonical = json.dumps(self.model_dump(mode="json", exclude={"output_dir"}), sort_keys=True)
+        # The default search is left out, so sweeps started before the field existed keep their id.
+        exclude = {"output_dir"} | ({"search"} if self.search == SearchSpec() else set())
+        canonical = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -166,11 +195,29 @@ def check_env_names(spec: SweepSpec) -> None:
             raise ValueError(f"env: {name!r} is not a valid environment variable name")
 
 
+def check_search_fits_the_load(spec: SweepSpec) -> None:
+    """The model search ranks closed-loop levels by throughput; budgets mean nothing to the grid."""
+    search = spec.search
+    if search.strategy == "grid":
+        if search.max_launches is not None or search.max_node_hours is not None:
+            raise ValueError(
+                "search: max_launches / max_node_hours limit the model strategy; the grid launches every "
+                "point (set `strategy: model` or remove the budget)"
+            )
+        return
+    if spec.load.rates:
+        raise ValueError(
+            "search: the model strategy ranks closed-loop (concurrency) levels by throughput; remove "
+            "load.rates or use `strategy: grid`"
+        )
+
+
 SPEC_CHECKS: tuple[Callable[[SweepSpec], None], ...] = (
     check_something_to_run,
     check_grid_is_complete,
     check_base_args_leave_owned_flags,
     check_env_names,
+    check_search_fits_the_load,
 )
 
 

@@ -81,6 +81,12 @@ class LoadPlan(StrictModel):
     warmup_requests: Annotated[int, Field(ge=0)] = Field(
         default=8, description="Requests sent before each level (at its load) and left out of the results."
     )
+    precision: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        default=None,
+        description="Sequential levels: a closed-loop level stops sending once the 95% interval of its "
+        "output throughput is narrower than this fraction of it (0.02: 2%); requests_per_level or "
+        "duration_s is then the most it runs. None: every level runs in full. Open-loop levels ignore it.",
+    )
     workload: Workload = Field(
         default_factory=lambda: RandomIdsWorkload(input_tokens=128, output_tokens=128),
         description="What each request asks for: random_ids (token ids on /generate, exact lengths) or "
@@ -125,6 +131,7 @@ class LoadPlan(StrictModel):
                 flush_cache=True,
                 flush_timeout_s=self.flush_timeout_s,
                 request_timeout_s=request_timeout_s,
+                precision=self.precision if "concurrency" in shape else None,
                 seed=seed,
             )
             for shape in shapes
@@ -169,6 +176,13 @@ class LoadLevel(BaseModel):
     processes: int | None = Field(
         default=None, ge=1, description="Client processes; null = automatic by concurrency."
     )
+    precision: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Closed loop: stop sending once the throughput's 95% interval is narrower than this "
+        "fraction of it (each client process judges its own requests).",
+    )
     seed: int = Field(default=0, description="Seed of the arrival schedule.")
 
     @model_validator(mode="after")
@@ -180,6 +194,8 @@ class LoadLevel(BaseModel):
             raise ValueError("max_concurrency caps an open loop; with concurrency it has no meaning")
         if self.burstiness != 1.0 and self.arrival != "gamma":
             raise ValueError("burstiness shapes gamma arrivals only: set arrival: gamma")
+        if self.precision is not None and self.concurrency is None:
+            raise ValueError("precision stops a closed loop early; an open loop runs its schedule")
         return self
 
     @property

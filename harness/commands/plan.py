@@ -124,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_json_dict(), indent=2))
     else:
         print_plan(plan)
+        if spec.search.strategy == "model":
+            print(
+                "search: model - these jobs are the space; `specsweep run` launches only those the search "
+                "picks as results come in (docs/search.md)"
+            )
     require_jobs(plan, args.spec)
     return 0
 

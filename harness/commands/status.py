@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from harness.commands.base import Command
 from harness.queue import (
@@ -19,6 +21,7 @@ from harness.queue import (
     read_meta,
     readable_queue,
 )
+from harness.search.session import BELIEF_KEY
 from specsweep.errors import ResultsError
 
 
@@ -37,17 +40,43 @@ def run(args: argparse.Namespace) -> int:
             attempts = read_attempts(conn)
     finally:
         conn.close()
+    hours = node_hours(attempts)
+    search = json.loads(meta[BELIEF_KEY]) if BELIEF_KEY in meta else None
     if args.json:
         body = {
             "sweep_id": meta.get("sweep_id"),
             "counts": counts,
+            "node_hours": hours,
+            "search": search,
             "jobs": [asdict(j) for j in jobs],
             "attempts": [asdict(a) for a in attempts],
         }
         print(json.dumps(body, indent=2))
         return 0
     _print(meta.get("sweep_id"), counts, jobs, attempts)
+    print(f"node-hours spent: {hours:.3f} (every attempt, lease to answer: server startup included)")
+    if search is not None:
+        _print_search(search)
     return 0
+
+
+def node_hours(attempts: list[AttemptRow]) -> float:
+    """Server-slot hours of every attempt so far (a running one up to now), startup included."""
+    now = time.time_ns()
+    return sum(((a.finished_ns or now) - a.started_ns) for a in attempts) / 3.6e12
+
+
+def _print_search(search: dict[str, Any]) -> None:
+    """The search's current belief: per level the best measured config and who is still in contention."""
+    state = "finished" if search["finished"] else "running"
+    print(f"search ({state}: {search['reason']}):")
+    for level in search["levels"]:
+        best = (
+            f"{level['best_label']} ({level['best_throughput']:.1f} tok/s)"
+            if level["best_label"]
+            else "none yet"
+        )
+        print(f"  {level['level']}: best so far {best}; in contention: {', '.join(level['contenders'])}")
 
 
 def _print(

@@ -44,6 +44,7 @@ from pydantic import TypeAdapter
 from analysis.schema import RequestRecord, requests_table, write_parquet_atomic
 from workers.job import LoadLevel
 from workers.load.calibration import ClientDelay, LoopbackServer, loopback_body
+from workers.load.sequential import precise_enough
 from workers.load.socket_stamps import StampedBody, StampingConnector
 from workers.load.sse import SSEDecoder, SSEFormatError
 from workers.load.stream import FinalStats, ResponseStream, StreamError
@@ -77,6 +78,7 @@ class LoadResult:
     warmup_records: list[RequestRecord]
     client_delay: ClientDelay
     duration_s: float  # run start to the last request's end
+    stop_reason: str  # "precision" (sequential level precise enough) or "limit" (its count or duration)
     achieved_rate_rps: float | None  # requests sent per second (open loop: over the schedule's window)
     processes: int
     cache_flushed: bool | None  # None when not asked
@@ -319,14 +321,23 @@ async def _closed_loop(
 ) -> None:
     """``workers`` coroutines, each sending its next request as soon as the last one ends."""
 
+    precision = None if ctx.warmup else ctx.level.precision
+    done: tuple[list[float], list[float]] = ([], [])  # tokens and latency of each successful request
+    stop = asyncio.Event()  # the throughput is precise enough: send no more, let in-flight ones finish
+
     async def worker() -> None:
         for prep in requests:
-            if deadline_abs_ns is not None and time.perf_counter_ns() >= deadline_abs_ns:
+            if stop.is_set() or (deadline_abs_ns is not None and time.perf_counter_ns() >= deadline_abs_ns):
                 return
             outcome = await _send(session, ctx, prep, None)
             outcomes.append(outcome)
             if outcome.error_type == CUT_OFF:  # the run is being stopped (duration over, or Ctrl-C)
                 return
+            if precision is not None and outcome.error is None:
+                done[0].append(float(outcome.tokens_seen))
+                done[1].append((outcome.end_ns - outcome.start_ns) / 1e9)
+                if len(done[0]) % workers == 0 and precise_enough(*done, workers, precision):
+                    stop.set()
 
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
     async with _cut_off_when_stopped(tasks):
@@ -639,6 +650,7 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
         warmup_records=warmup_records,
         client_delay=client_delay,
         duration_s=max((r.end_ns or r.start_ns for r in records), default=0) / 1e9,
+        stop_reason=_stop_reason(level, records, interrupted),
         achieved_rate_rps=_achieved_rate(level, records),
         processes=processes,
         cache_flushed=flushed,
@@ -655,6 +667,18 @@ async def _run_one_process(
         await _open_connections(session, base_url, level.streams)
         t0_ns = time.perf_counter_ns()
         await _run_measured(session, base_url, level, requests, shard, t0_ns, outcomes)
+
+
+def _stop_reason(level: LoadLevel, records: list[RequestRecord], interrupted: bool) -> str:
+    """``precision`` when a sequential level stopped before its limit, else ``limit``: a count level
+    that sent fewer requests, or a duration level whose last request ended before the duration (at
+    the limit, requests in flight at the deadline end after it)."""
+    if level.precision is None or interrupted or not records:
+        return "limit"
+    if level.requests is not None:
+        return "precision" if len(records) < level.requests else "limit"
+    end = max(r.end_ns or r.start_ns for r in records)
+    return "precision" if level.duration_s is not None and end < level.duration_s * 1e9 else "limit"
 
 
 def _achieved_rate(level: LoadLevel, records: list[RequestRecord]) -> float | None:

@@ -236,6 +236,7 @@ class NodeWorker:
                     client_delay_p99_us=result.client_delay.p99_us,
                     run_index=run_index,
                     cache_flushed=result.cache_flushed,
+                    stop_reason=result.stop_reason,
                 )
             )
         self._snapshot_metrics(server, state)
