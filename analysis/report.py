@@ -102,13 +102,19 @@ def _header(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
             f"p50 {_fmt(p50)} µs, p99 {_fmt(p99)} µs"
         )
     slos = ", ".join(selection.slos) or "none"
+    goodput = (
+        f"; goodput: requests that succeeded with {' and '.join(selection.request_slos)}"
+        if selection.request_slos
+        else ""
+    )
     notes = "".join(f"<p class='note'>note: {html.escape(n)}</p>" for n in selection.notes)
     return (
         f"<h1>specsweep report: {html.escape(selection.sweep_id)}</h1>"
         f"<p class='meta'>{html.escape(meta)}<br>generated {time.strftime('%Y-%m-%d %H:%M:%S')}; "
         f"ranked by {html.escape(selection.objective)} ({html.escape(selection.objective_unit)}, "
-        f"{selection.better} is better); SLOs: {html.escape(slos)}; 95% intervals from "
-        f"{selection.replicates} bootstrap resamples of requests</p>{notes}"
+        f"{selection.better} is better); SLOs: {html.escape(slos)}{html.escape(goodput)}; "
+        f"{selection.confidence:.0%} intervals from {selection.replicates} bootstrap resamples of launches "
+        f"and requests</p>{notes}"
     )
 
 
@@ -122,12 +128,17 @@ def _winners(selection: Selection) -> str:
             )
             continue
         speedup = (
-            f"{w.speedup:.3f}x vs baseline" + (f" (95% CI {_ci(w.speedup_ci)})" if w.speedup_ci else "")
+            f"{w.speedup:.3f}x vs baseline"
+            + (f" ({selection.confidence:.0%} CI {_ci(w.speedup_ci)})" if w.speedup_ci else "")
             if w.speedup is not None
             else "no baseline measured"
         )
         ties = [r.config_label for r in level.ranked if r.tie]
-        tie_text = f"; statistically tied with {', '.join(ties)}" if ties else ""
+        tie_text = f"; not distinguishable from {', '.join(ties)}" if ties else ""
+        if w.goodput_rps is not None:
+            tie_text = (
+                f", goodput {_fmt(w.goodput_rps)} requests/s ({_fmt(w.goodput_share)} of requests)" + tie_text
+            )
         parts.append(
             f"<div class='winner' data-level='{html.escape(level.load_level)}'>"
             f"<b>{html.escape(level.load_level)}</b>: "
@@ -143,16 +154,21 @@ def _winners(selection: Selection) -> str:
 def _tables(selection: Selection) -> str:
     parts = ["<section id='configs'><h2>Configs per load level</h2>"]
     slo_names = [s.split("<")[0].split(">")[0] for s in selection.slos]
+    goodput = bool(selection.request_slos)
     for level in selection.levels:
         head = "".join(f"<th>{html.escape(n)}</th>" for n in slo_names)
+        if goodput:
+            head += "<th>goodput_rps</th><th>goodput_share</th>"
         parts.append(
             f"<h3>{html.escape(level.load_level)}</h3><table><tr><th>#</th><th class='label'>config</th>"
             f"<th>{html.escape(selection.objective)}</th><th>MAD</th><th>repeats</th><th>speedup</th>"
-            f"<th>95% CI</th>{head}<th>note</th></tr>"
+            f"<th>{selection.confidence:.0%} CI</th>{head}<th>note</th></tr>"
         )
         for r in level.ranked:
             note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
             cells = "".join(f"<td>{_fmt(r.slo_values.get(n))}</td>" for n in slo_names)
+            if goodput:
+                cells += f"<td>{_fmt(r.goodput_rps)}</td><td>{_fmt(r.goodput_share)}</td>"
             speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
             parts.append(
                 f"<tr class='{'tie' if r.tie else ''}'><td>{r.rank}</td>"
@@ -163,7 +179,7 @@ def _tables(selection: Selection) -> str:
         for e in level.excluded:
             parts.append(
                 f"<tr class='excluded'><td>-</td><td class='label'>{html.escape(e.config_label)}</td>"
-                f"<td colspan='{5 + len(slo_names)}' class='label'>excluded: "
+                f"<td colspan='{5 + len(slo_names) + 2 * goodput}' class='label'>excluded: "
                 f"{html.escape('; '.join(e.reasons))}</td><td></td></tr>"
             )
         parts.append("</table>")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from specsweep.errors import SpecError
-from workers.job import DrafterSpec, LoadPlan, PositiveInt, StrictModel, Timeouts
+from workers.job import DrafterSpec, LoadPlan, PositiveFloat, PositiveInt, StrictModel, Timeouts
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
 # owns where the server listens, the spec owns the model and the drafter.
@@ -58,6 +58,26 @@ class SpeculativeGrid(StrictModel):
         default_factory=list,
         description="Chain drafts by depth: depth d runs topk 1, num_draft_tokens d, num_steps d - 1.",
     )
+
+
+class RequestSlo(StrictModel):
+    """Per-request limits: a request that succeeds within every given one counts towards goodput."""
+
+    ttft_ms: PositiveFloat | None = Field(default=None, description="Most milliseconds to the first token.")
+    tpot_ms: PositiveFloat | None = Field(
+        default=None, description="Most milliseconds per output token after the first."
+    )
+    e2e_ms: PositiveFloat | None = Field(default=None, description="Most milliseconds end to end.")
+
+    def clauses(self) -> str:
+        """The limits as ``best --request-slo`` takes them, e.g. ``ttft_ms<=2000,tpot_ms<=50``."""
+        return ",".join(
+            f"{name}<={value:g}" for name, value in self.model_dump().items() if value is not None
+        )
+
+
+# Spec fields that only say how to read the results: they do not change what a sweep measures.
+ANALYSIS_FIELDS: frozenset[str] = frozenset({"request_slo"})
 
 
 class SweepSpec(StrictModel):
@@ -112,6 +132,11 @@ class SweepSpec(StrictModel):
         description="Environment variables for every server process (NCCL_*, CUDA_*, ...), as strings.",
     )
     seed: int = Field(default=0, description="Seed of the workload and anything else random in the sweep.")
+    request_slo: RequestSlo | None = Field(
+        default=None,
+        description="Per-request SLOs that define goodput for `best` and `report` (--request-slo overrides); "
+        "not part of the sweep id.",
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> SweepSpec:
@@ -121,7 +146,8 @@ class SweepSpec(StrictModel):
 
     def sweep_id(self) -> str:
         """Stable id of what the sweep measures (the output directory is not part of it)."""
-        canonical = json.dumps(self.model_dump(mode="json", exclude={"output_dir"}), sort_keys=True)
+        dump = self.model_dump(mode="json", exclude={"output_dir", *ANALYSIS_FIELDS})
+        canonical = json.dumps(dump, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
