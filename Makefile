@@ -32,6 +32,7 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Headless Chromium for the report test (Debian package; CI runs as root). Idempotent.
 browser:
@@ -39,6 +40,7 @@ browser:
 
 test: venv sglang-venv browser
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
 
 bench: venv sglang-venv

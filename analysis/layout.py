@@ -1,7 +1,11 @@
-"""Where result files live under a sweep's output directory (the layout writers and readers share).
+"""Where every file of a sweep lives under its output directory: the one results layout that the
+driver, the node workers and the analysis share.
 
 ::
 
+    OUT/sweep.yaml                                                       the spec as run
+    OUT/queue.sqlite                                                     the durable queue (driver only)
+    OUT/logs/<job_id>/attempt-<n>/server.log                             each attempt's server log
     OUT/_attempts/<job_id>/attempt-<n>/{requests,levels,jobs}.parquet   one worker attempt
     OUT/requests/sweep=<sweep_id>/job=<job_id>/part-0.parquet           committed by the driver
     OUT/levels/sweep=<sweep_id>/job=<job_id>/part-0.parquet
@@ -17,8 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 
 PART = "part-0.parquet"
-JOB_TABLES: tuple[str, ...] = ("requests", "levels", "jobs")  # commit order: jobs last
+JOB_TABLES: tuple[str, ...] = ("requests", "levels", "jobs")
+# The order the driver moves an attempt's tables into place: the jobs row last, it marks the commit.
+COMMIT_ORDER: tuple[str, ...] = JOB_TABLES
 ATTEMPTS_DIR = "_attempts"
+SPEC_COPY = "sweep.yaml"
 
 
 def job_part_path(out: Path, table: str, sweep_id: str, job_id: str) -> Path:
@@ -59,3 +66,13 @@ def attempted_job_ids(out: Path) -> set[str]:
 def committed_job_ids(out: Path) -> set[str]:
     """Job ids whose jobs file exists (the commit marker), from the directory names alone."""
     return {p.parent.name.removeprefix("job=") for p in (out / "jobs").glob(f"sweep=*/job=*/{PART}")}
+
+
+def log_dir(out: Path, job_id: str, attempt: int) -> Path:
+    """The directory of one attempt's server log (and its metrics snapshot)."""
+    return out / "logs" / job_id / f"attempt-{attempt}"
+
+
+def server_log(out: Path, job_id: str, attempt: int) -> Path:
+    """One attempt's server log."""
+    return log_dir(out, job_id, attempt) / "server.log"

@@ -232,7 +232,7 @@ def _config_colors(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]
         "SELECT config_label, bool_and(effective_speculative_algorithm IS NULL) FROM results "
         "GROUP BY config_label ORDER BY config_label"
     ).fetchall()
-    palette = colormaps["tab20"].colors
+    palette = colormaps["tab20"].colors  # type: ignore[attr-defined]
     styles: dict[str, tuple[str, str]] = {}
     index = 0
     for label, baseline in rows:

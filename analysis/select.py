@@ -290,7 +290,7 @@ def _single_sweep(con: duckdb.DuckDBPyConnection) -> str:
             f"holds {len(ids)} sweeps ({', '.join(ids)}); best ranks one sweep at a time",
             fix="give each sweep its own output directory",
         )
-    return ids[0]
+    return str(ids[0])
 
 
 def _load_runs(
@@ -531,7 +531,7 @@ class _Resampler:
         if len(runs) > 1:
             drawn = self._rng.integers(0, len(runs), size=(len(runs), self._replicates))
             per_run = np.take_along_axis(per_run, drawn, axis=0)
-        return np.median(per_run, axis=0)
+        return np.asarray(np.median(per_run, axis=0))
 
     def _run_replicates(self, level: str, run: _Run) -> np.ndarray:
         aggregate = self._metric.aggregate
@@ -637,7 +637,7 @@ def ratio_replicates(
     if full == 0:  # every value 0 (no good request): every resample is 0 too
         return np.ones(replicates)
     ratios = (draws @ (value_sums / counts)) / np.maximum(draws @ (latency_sums / counts), 1e-12)
-    return ratios / full
+    return np.asarray(ratios / full)
 
 
 def rate_replicates(
@@ -673,7 +673,7 @@ def quantile_replicates(
     u_high = u_low + (1 - u_low) * rng.beta(1, n - k, replicates) if k < n else u_low
     low = values[np.clip(np.ceil(u_low * n).astype(int) - 1, 0, n - 1)]
     high = values[np.clip(np.ceil(u_high * n).astype(int) - 1, 0, n - 1)]
-    return low + frac * (high - low)
+    return np.asarray(low + frac * (high - low))
 
 
 def _float64_view(array: pa.Array) -> np.ndarray:

@@ -261,8 +261,8 @@ def _level_requests(
         "spec_num_proposed_drafts": spec_only(verify_ct * draft if speculative else None, pa.int64()),
         "spec_correct_drafts_histogram": hist_array,
         "http_status": pa.array(np.where(ok, 200, 500).astype(np.int32)),
-        "error_type": pa.array(np.where(ok, None, "http_500"), pa.string()),
-        "error_message": pa.array(np.where(ok, None, "Internal Server Error"), pa.string()),
+        "error_type": pa.array([None if good else "http_500" for good in ok], pa.string()),
+        "error_message": pa.array([None if good else "Internal Server Error" for good in ok], pa.string()),
     }
     return pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA), duration_s
 

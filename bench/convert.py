@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, emit, python
-from workers.eagle3_fixtures import KIMI_LIKE, build_checkpoint, write_checkpoint
-from workers.eagle3_format import SourceFormat
+from workers.convert.eagle3_format import SourceFormat
+from workers.convert.fixtures import KIMI_LIKE, build_checkpoint, write_checkpoint
 
 RATIO_GOAL = 0.8
 RSS_GOAL_MIB = 300
@@ -48,7 +48,7 @@ def _child(argv: list[str]) -> tuple[float, float, str]:
 
 def _library_child(src: Path, dst: Path) -> None:
     """Child mode: time one convert() call after imports; print the seconds as JSON."""
-    from workers.converter import convert
+    from workers.convert.converter import convert
 
     started = time.perf_counter()
     convert(src, dst)

@@ -4,7 +4,7 @@ One run (``python -m bench.loadgen``): the simulated server steps every 20 ms, e
 tokens (EAGLE3 chain of 2 drafts, acceptance ~1), prefill takes one 20 ms step, every request asks for
 128 random input ids and 256 output tokens with ``ignore_eos``. An ideal client sees TTFT 20 ms, TPOT
 20/3 ms and ``streams / 1.72 s`` requests per second (1 prefill + 85 decode steps). At concurrency 256
-and 1024, the same requests (count, lengths) are sent by ``workers.loadgen`` and by
+and 1024, the same requests (count, lengths) are sent by ``workers.load.generator`` and by
 ``python -m sglang.benchmark.serving --backend sglang`` (random-ids, from .venv-sglang), each against a
 fresh server. Reported: achieved req/s and tok/s, TTFT and TPOT medians against the server-side truth
 (the server's own send stamps, and the design values), and our client-added delay per chunk (arrival
@@ -47,12 +47,14 @@ import numpy as np
 import psutil
 
 from bench.common import REPO, emit
-from tests.workers.sim_tokenizer import write_word_tokenizer
-from workers.loadgen import LoadLevel, LoadResult, run_load
-from workers.sim_faults import READY_LINE
-from workers.sim_server import SimServerStartError, free_port, start_sim_server
-from workers.sim_settings import ENV_PROFILE, ENV_REUSE_PORT
-from workers.workloads import RandomIdsWorkload
+from workers.job import LoadLevel
+from workers.load.generator import LoadResult, run_load
+from workers.load.workloads import RandomIdsWorkload
+from workers.node.launcher import start_sim, wait_healthy
+from workers.node.preflight import pick_free_port
+from workers.sim.faults import READY_LINE
+from workers.sim.settings import ENV_PROFILE, ENV_REUSE_PORT
+from workers.sim.tokenizer import write_word_tokenizer
 
 STEP_S = 0.020
 TOKENS_PER_STEP = 3
@@ -130,22 +132,20 @@ class PacedServers:
 @contextlib.contextmanager
 def paced_servers(profile: Path, count: int = SIM_PROCESSES) -> Iterator[PacedServers]:
     """``count`` simulated servers (the paced profile) on one port; all ready before yielding."""
-    port = free_port()
+    port = pick_free_port("127.0.0.1")
     env = {ENV_PROFILE: str(profile), ENV_REUSE_PORT: "1"}
     with contextlib.ExitStack() as stack:
         handles = [
-            stack.enter_context(
-                start_sim_server([*SERVER_ARGS, "--port", str(port)], env=env, wait_healthy=False)
-            )
+            stack.enter_context(start_sim(SERVER_ARGS, env=env, port=port, healthy_within_s=None))
             for _ in range(count)
         ]
         deadline = time.monotonic() + 60
         while not all(READY_LINE in h.log_text() for h in handles):
-            if time.monotonic() > deadline or any(h.process.poll() is not None for h in handles):
-                raise SimServerStartError("\n".join(h.log_text()[-2000:] for h in handles))
+            if time.monotonic() > deadline or any(h.popen.poll() is not None for h in handles):
+                raise RuntimeError("\n".join(h.log_text()[-2000:] for h in handles))
             time.sleep(0.05)
-        handles[0].wait_healthy(30)
-        yield PacedServers(handles[0].url, [h.process.pid for h in handles])
+        wait_healthy(handles[0], 30)
+        yield PacedServers(handles[0].url, [h.popen.pid for h in handles])
 
 
 def run_ours(url: str, streams: int, processes: int | None = None) -> LoadResult:

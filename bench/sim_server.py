@@ -19,9 +19,9 @@ import numpy as np
 import psutil
 
 from bench.common import REPO, emit
+from workers.node.launcher import start_sim
 from workers.sglang import api
-from workers.sim_model import DEFAULT_PROFILE, decode_step_seconds
-from workers.sim_server import start_sim_server
+from workers.sim.model import DEFAULT_PROFILE, decode_step_seconds
 
 TARGET = REPO / "tests" / "fixtures" / "kimi-k2"
 GOAL_CHUNKS_PER_S = 5000.0
@@ -70,9 +70,9 @@ def run_level(clients: int, requested_chunks_per_s: float) -> None:
     scale = clients / requested_chunks_per_s / step_s
     env = {"SPECSWEEP_SIM_TIME_SCALE": f"{scale:.6f}"}
     os.sched_setaffinity(0, {0})  # the server inherits core 0
-    with start_sim_server(["--model-path", str(TARGET)], env=env) as handle:
+    with start_sim(["--model-path", str(TARGET)], env=env) as handle:
         os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})
-        server = psutil.Process(handle.process.pid)
+        server = psutil.Process(handle.popen.pid)
         cpu_before = sum(server.cpu_times()[:2])
         chunks, lateness, elapsed = asyncio.run(_drive(handle.url, clients, RUN_S))
         server_cpu_s = sum(server.cpu_times()[:2]) - cpu_before

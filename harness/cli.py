@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args._run(args)
+        return int(args._run(args))
     except SpecsweepError as err:
         print(f"specsweep {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code

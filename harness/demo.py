@@ -40,8 +40,8 @@ def write_demo_inputs(root: Path) -> DemoInputs:
     The drafter is small (hidden 128) so the demo converts it in well under a second; the simulated
     server models an H200 node serving the full-size model whatever the drafter's size.
     """
-    from workers.eagle3_fixtures import FixtureDims, build_checkpoint, write_checkpoint, write_target_config
-    from workers.eagle3_format import SourceFormat
+    from workers.convert.eagle3_format import SourceFormat
+    from workers.convert.fixtures import FixtureDims, build_checkpoint, write_checkpoint, write_target_config
 
     dims = FixtureDims(
         hidden_size=128,
@@ -104,4 +104,4 @@ def simulated_cluster(nodes: int, gpus_per_node: int, cpus_per_node: int) -> Ite
         cluster.wait_for_nodes()
         yield cluster.address
     finally:
-        cluster.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]

@@ -36,16 +36,18 @@ from harness.queue import JobQueue, Lease
 from harness.results import (
     claim_output_dir,
     commit_attempt,
-    commit_lost_attempt,
+    commit_jobs_row,
     is_committed,
     median_client_delay_us,
     write_sweep_row,
 )
 from harness.retry import allowed_failures
 from harness.spec import SweepSpec
+from specsweep.error_classes import ErrorClass
 from specsweep.errors import ClusterError
 from workers.job import AttemptResult, JobSpec
-from workers.node_actor import NodeWorker
+from workers.node.actor import NodeWorker
+from workers.node.records import AttemptFacts, job_record
 from workers.sglang import SGLANG_VERSION
 
 log = logging.getLogger(__name__)
@@ -156,10 +158,10 @@ def _acquire_driver_lock(sweep_id: str, out: Path) -> Any:
     name = f"specsweep-driver-{sweep_id}"
     holder = f"{socket.gethostname()}:{out.resolve()}"
     try:
-        lock = DriverLock.options(name=name, namespace=NAMESPACE).remote(holder)
+        lock = DriverLock.options(name=name, namespace=NAMESPACE).remote(holder)  # type: ignore[attr-defined]
         ray.get(lock.holder.remote())
     except ValueError as err:  # the name is taken: another driver holds the sweep
-        other = ray.get(ray.get_actor(name, namespace=NAMESPACE).holder.remote())
+        other = str(ray.get(ray.get_actor(name, namespace=NAMESPACE).holder.remote()))
         raise ClusterError(
             f"another driver is running sweep {sweep_id} on this cluster (held by {other})",
             fix="wait for it to finish, or stop it (ray job stop) before starting another",
@@ -171,7 +173,7 @@ def _cluster_gpus() -> list[tuple[str, float, float]]:
     """(node address, GPUs, CPUs) of every alive node."""
     return [
         (node["NodeManagerAddress"], node["Resources"].get("GPU", 0.0), node["Resources"].get("CPU", 0.0))
-        for node in ray.nodes()
+        for node in ray.nodes()  # type: ignore[no-untyped-call]
         if node["Alive"]
     ]
 
@@ -231,7 +233,7 @@ class Driver:
 
     def _create_slots(self) -> None:
         pending = self.queue.counts()["pending"]
-        count = max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, pending))
+        count = int(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, pending)))
         bundle = {"GPU": float(self.spec.gpus_per_server), "CPU": float(self.spec.cpus_per_server)}
         for index in range(count):
             slot = Slot(index=index, group=placement_group([bundle], strategy="STRICT_PACK"))
@@ -361,19 +363,24 @@ class Driver:
         try:
             result: AttemptResult = ray.get(ref)
         except RayActorError as err:
-            self._worker_lost(slot, "node_lost", f"worker lost: {type(err).__name__}: {err}")
+            self._worker_lost(slot, ErrorClass.NODE_LOST, f"worker lost: {type(err).__name__}: {err}")
             return
         except RayTaskError as err:
             self._free(slot)
-            self._record_failure(lease, job, "worker_error", str(err)[-2000:], None, None)
+            self._record_failure(lease, job, ErrorClass.WORKER_ERROR, str(err)[-2000:], None, None)
             return
         self._free(slot)
-        if result.error_class == "cancelled":
+        if result.error_class == ErrorClass.CANCELLED:
             self.queue.release(lease, "stopped by the driver")
             return
         if not result.ok:
             self._record_failure(
-                lease, job, result.error_class or "crash", result.error_text or "", result.log_tail, result
+                lease,
+                job,
+                result.error_class or ErrorClass.CRASH,
+                result.error_text or "",
+                result.log_tail,
+                result,
             )
             return
         if not self.queue.holds(lease.job_id, lease.token):
@@ -391,7 +398,7 @@ class Driver:
         slot.deadline = math.inf
         slot.set_state("idle")
 
-    def _worker_lost(self, slot: Slot, error_class: str, message: str) -> None:
+    def _worker_lost(self, slot: Slot, error_class: ErrorClass, message: str) -> None:
         """The worker (or its node) is gone or hung: fail the attempt, replace the worker."""
         lease, job = slot.lease, slot.job
         self.progress.event(f"slot {slot.index} ({slot.node}): {message}")
@@ -404,7 +411,7 @@ class Driver:
         self,
         lease: Lease,
         job: JobSpec,
-        error_class: str,
+        error_class: ErrorClass,
         message: str,
         log_tail: str | None,
         result: AttemptResult | None,
@@ -419,7 +426,13 @@ class Driver:
             if result is not None:
                 commit_attempt(self.out, job.sweep_id, result, ("jobs",))
             else:
-                commit_lost_attempt(self.out, job, lease.attempt, error_class, message)
+                lost = AttemptFacts(finished_unix_ns=time.time_ns())
+                commit_jobs_row(
+                    self.out,
+                    job_record(
+                        job, attempt=lease.attempt, error_class=error_class, error_message=message, facts=lost
+                    ),
+                )
         self.queue.fail(
             lease,
             error_class=error_class,
@@ -440,7 +453,7 @@ class Driver:
         for slot in self.slots:
             if slot.state == "busy" and now > slot.deadline:
                 self._worker_lost(
-                    slot, "attempt_timeout", "the worker did not answer within the job's time limits"
+                    slot, ErrorClass.ATTEMPT_TIMEOUT, "the worker did not answer within the job's time limits"
                 )
 
     def _stop(self, reason: str) -> None:

@@ -248,7 +248,7 @@ def plan_with_local_configs(
     target = target_config_dir or _local_dir(spec.model_path)
     draft = draft_config_dir
     if draft is None and spec.drafter is not None and _local_dir(spec.drafter.path):
-        from workers.node_actor import converted_drafter
+        from workers.convert.cache import converted_drafter
 
         draft = str(converted_drafter(spec.drafter, spec.model_path))
     python = sglang_python

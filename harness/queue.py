@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from specsweep.error_classes import ErrorClass
+
 QUEUE_FILE = "queue.sqlite"
 JOB_STATES: tuple[str, ...] = ("pending", "leased", "done", "failed")
 
@@ -214,7 +216,7 @@ class JobQueue:
         self,
         lease: Lease,
         *,
-        error_class: str,
+        error_class: ErrorClass,
         error_text: str,
         log_tail: str | None,
         node: str | None,
@@ -320,7 +322,7 @@ class JobQueue:
 
     def failures(self, job_id: str) -> int:
         """Failed attempts of ``job_id`` so far."""
-        return self._conn.execute("SELECT failures FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+        return int(self._conn.execute("SELECT failures FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
 
     def ids_in(self, state: str) -> list[str]:
         rows = self._conn.execute("SELECT id FROM jobs WHERE state = ? ORDER BY position", (state,))

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import uuid
 from pathlib import Path
 
-from analysis.schema import SweepRecord, jobs_table, sweep_table, write_parquet_atomic
+from analysis import layout
+from analysis.schema import JobRecord, SweepRecord, jobs_table, sweep_table, write_parquet_atomic
 from harness.queue import QUEUE_FILE
 from specsweep import __version__
 from specsweep.errors import ResultsError
-from workers import layout
-from workers.job import AttemptResult, JobSpec
-from workers.records import AttemptFacts, job_record
+from workers.job import AttemptResult
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -111,16 +109,12 @@ def commit_attempt(out: Path, sweep_id: str, result: AttemptResult, tables: tupl
         os.replace(source, target)
 
 
-def commit_lost_attempt(out: Path, job: JobSpec, attempt: int, error_class: str, message: str) -> None:
-    """The jobs row of a job whose last attempt left no worker to write it (node lost, timed out)."""
-    record = job_record(
-        job,
-        attempt=attempt,
-        error_class=error_class,
-        error_message=message,
-        facts=AttemptFacts(finished_unix_ns=time.time_ns()),
+def commit_jobs_row(out: Path, record: JobRecord) -> None:
+    """Write a job's final ``jobs`` row (its commit marker) when no worker attempt file holds it: the
+    attempt's worker is gone (node lost, timed out)."""
+    write_parquet_atomic(
+        jobs_table([record]), layout.job_part_path(out, "jobs", record.sweep_id, record.job_id)
     )
-    write_parquet_atomic(jobs_table([record]), layout.job_part_path(out, "jobs", job.sweep_id, job.job_id))
 
 
 def median_client_delay_us(out: Path, sweep_id: str) -> tuple[float | None, float | None]:

@@ -3,14 +3,39 @@
 A deterministic failure would happen again on any node (a flag SGLang refuses, a config it resolves
 differently from the plan, a model that does not fit in memory at load): the job fails at once. A
 transient one depends on the node or on luck (a crash, a hang, a lost node, a busy GPU): the job gets up
-to ``retries`` more attempts, on another slot when there is one. Unknown classes count as transient.
+to ``retries`` more attempts, on another slot when there is one. Every class is listed in exactly one of
+the two sets (a test checks), so adding a class forces a decision.
 """
 
 from __future__ import annotations
 
-DETERMINISTIC_CLASSES = frozenset({"bad_args", "resolve_error", "config_mismatch", "cuda_oom", "bad_drafter"})
+from specsweep.error_classes import ErrorClass
+
+DETERMINISTIC_CLASSES: frozenset[ErrorClass] = frozenset(
+    {
+        ErrorClass.BAD_ARGS,
+        ErrorClass.RESOLVE_ERROR,
+        ErrorClass.CONFIG_MISMATCH,
+        ErrorClass.CUDA_OOM,
+        ErrorClass.BAD_DRAFTER,
+    }
+)
+TRANSIENT_CLASSES: frozenset[ErrorClass] = frozenset(
+    {
+        ErrorClass.NCCL_ERROR,
+        ErrorClass.CRASH,
+        ErrorClass.STARTUP_TIMEOUT,
+        ErrorClass.HEALTH_LOST,
+        ErrorClass.STOP_FAILED,
+        ErrorClass.GPUS_BUSY,
+        ErrorClass.NODE_LOST,
+        ErrorClass.ATTEMPT_TIMEOUT,
+        ErrorClass.WORKER_ERROR,
+        ErrorClass.CANCELLED,
+    }
+)
 
 
-def allowed_failures(error_class: str, retries: int) -> int:
+def allowed_failures(error_class: ErrorClass, retries: int) -> int:
     """How many failed attempts a job may have and still be retried (0: this failure is final)."""
     return 0 if error_class in DETERMINISTIC_CLASSES else retries

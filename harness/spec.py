@@ -12,12 +12,12 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, model_validator
 
 from specsweep.errors import SpecError
-from workers.job import DrafterSpec, LoadPlan, PositiveFloat, PositiveInt, StrictModel, Timeouts
+from workers.job import DrafterSpec, Engine, LoadPlan, PositiveFloat, PositiveInt, StrictModel, Timeouts
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
 # owns where the server listens, the spec owns the model and the drafter.
@@ -83,10 +83,10 @@ ANALYSIS_FIELDS: frozenset[str] = frozenset({"request_slo"})
 class SweepSpec(StrictModel):
     """A sweep: which server, which speculative configurations, which load, where results go."""
 
-    engine: Literal["sglang", "sim"] = Field(
+    engine: Engine = Field(
         default="sglang",
         description="sglang: `<sglang_python> -m sglang.launch_server ...`; sim: the simulated server "
-        "`python -m workers.sim_server ...` with the same arguments.",
+        "`python -m workers.sim ...` with the same arguments.",
     )
     sglang_python: str | None = Field(
         default=None,
@@ -203,7 +203,7 @@ SPEC_CHECKS: tuple[Callable[[SweepSpec], None], ...] = (
 def _describe(error: Any) -> str:
     """One line for one pydantic error: dotted path, then what is expected."""
     path = ".".join(str(part) for part in error["loc"])
-    message = error["msg"].removeprefix("Value error, ")
+    message = str(error["msg"]).removeprefix("Value error, ")
     if not path:  # a cross-field rule: its message starts with the field's path
         return message
     if error["type"] == "string_type" and isinstance(error.get("input"), int | float | bool):

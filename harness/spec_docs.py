@@ -22,7 +22,7 @@ spec is refused with each field's dotted path before anything is written. Exampl
 def _type(prop: dict[str, Any]) -> str:
     """A short type name: refs by model name, unions joined with |, lists as list[...]."""
     if "$ref" in prop:
-        return prop["$ref"].rsplit("/", 1)[-1]
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
     if "anyOf" in prop or "oneOf" in prop:
         return " \\| ".join(_type(p) for p in prop.get("anyOf", prop.get("oneOf", [])))
     if prop.get("type") == "array":

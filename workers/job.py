@@ -8,18 +8,25 @@ the worker layer does not import the harness.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specsweep.error_classes import ErrorClass
+from workers.load.workloads import RandomIdsWorkload, Workload
 from workers.sglang import SpecParams
-from workers.workloads import RandomIdsWorkload, Workload
 
-if TYPE_CHECKING:
-    from workers.loadgen import LoadLevel
-
+Engine = Literal["sglang", "sim"]  # which server a job launches: SGLang, or the simulated one
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+def check_one_size(
+    count: int | None, duration: float | None, count_name: str, duration_name: str, where: str = ""
+) -> None:
+    """A level runs for a count of requests or for a time, never both and never neither."""
+    if (count is None) == (duration is None):
+        raise ValueError(f"{where}give exactly one of {count_name} and {duration_name}")
 
 
 class StrictModel(BaseModel):
@@ -60,16 +67,15 @@ class LoadPlan(StrictModel):
     def _one_size_and_some_levels(self) -> LoadPlan:
         if not self.concurrency and not self.rates:
             raise ValueError("load: give at least one load level in `concurrency` or `rates`")
-        if (self.requests_per_level is None) == (self.duration_s is None):
-            raise ValueError("load: give exactly one of `requests_per_level` and `duration_s`")
+        check_one_size(
+            self.requests_per_level, self.duration_s, "`requests_per_level`", "`duration_s`", where="load: "
+        )
         return self
 
     def levels(self, *, seed: int, request_timeout_s: float) -> list[LoadLevel]:
         """The load generator's levels: closed loop first, then open loop, each in the order given.
         Warmup runs before the first level only; the cache is flushed before every level, so SGLang's
         server-side averages cover one level each."""
-        from workers.loadgen import LoadLevel
-
         size = (
             {"requests": self.requests_per_level}
             if self.requests_per_level is not None
@@ -88,6 +94,56 @@ class LoadPlan(StrictModel):
             )
             for i, shape in enumerate(shapes)
         ]
+
+
+class LoadLevel(BaseModel):
+    """One load level: closed loop (``concurrency``) or open loop (``rate_rps``), for a count or a time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: int | None = Field(default=None, ge=1, description="Closed loop: requests kept in flight.")
+    rate_rps: float | None = Field(default=None, gt=0, description="Open loop: target requests per second.")
+    arrival: Literal["poisson", "constant"] = Field(
+        default="poisson", description="Open loop arrival process."
+    )
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="Open loop: at most this many in flight (sends wait, and are late)."
+    )
+    requests: int | None = Field(default=None, ge=1, description="Measured requests to send.")
+    duration_s: float | None = Field(default=None, gt=0, description="Seconds to keep sending.")
+    warmup_requests: int = Field(default=0, ge=0, description="Unrecorded requests sent before measuring.")
+    flush_cache: bool = Field(
+        default=False, description="POST /flush_cache after warmup, so server-side averages exclude it."
+    )
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Whole-request timeout.")
+    drain_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="After a duration ends, seconds in-flight requests get before cut-off.",
+    )
+    processes: int | None = Field(
+        default=None, ge=1, description="Client processes; null = automatic by concurrency."
+    )
+    seed: int = Field(default=0, description="Seed of the arrival schedule.")
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> LoadLevel:
+        if (self.concurrency is None) == (self.rate_rps is None):
+            raise ValueError("give exactly one of concurrency (closed loop) or rate_rps (open loop)")
+        check_one_size(self.requests, self.duration_s, "requests", "duration_s")
+        if self.max_concurrency is not None and self.rate_rps is None:
+            raise ValueError("max_concurrency caps an open loop; with concurrency it has no meaning")
+        return self
+
+    @property
+    def label(self) -> str:
+        """The ``load_level`` column value: ``concurrency=64`` or ``rate=12.5``."""
+        return f"concurrency={self.concurrency}" if self.concurrency else f"rate={self.rate_rps:g}"
+
+    @property
+    def streams(self) -> int | None:
+        """Most requests in flight at once, when bounded."""
+        return self.concurrency or self.max_concurrency
 
 
 class Timeouts(StrictModel):
@@ -128,7 +184,7 @@ class JobSpec(BaseModel):
     config_id: str  # same for every repeat of one effective config
     config_label: str  # "baseline", "chain d=4", "tree s=3 k=4 n=8"
     repeat_index: int
-    engine: Literal["sglang", "sim"]
+    engine: Engine
     sglang_python: str | None
     model_path: str
     drafter: DrafterSpec | None
@@ -177,7 +233,7 @@ class AttemptResult:
     job_id: str
     attempt: int
     lease_token: str
-    error_class: str | None
+    error_class: ErrorClass | None
     error_text: str | None
     log_tail: str | None
     node_host: str

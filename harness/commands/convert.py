@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from harness.commands.base import Command
-from workers.conversion_report import ConversionReport
-from workers.converter import ConvertOptions, convert
-from workers.eagle3_format import Layout, SourceFormat
+from workers.convert.converter import ConvertOptions, convert
+from workers.convert.eagle3_format import LayerNaming, SourceFormat
+from workers.convert.report import ConversionReport
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--layout",
-        choices=list(Layout),
-        default=Layout.MIDLAYER,
+        choices=list(LayerNaming),
+        default=LayerNaming.MIDLAYER,
         help="draft layer keys: midlayer.* (default; old and new SGLang) or layers.0.* (new SGLang only)",
     )
     parser.add_argument(
@@ -46,7 +46,7 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
     return ConvertOptions(
         source_format=None if args.source_format == "auto" else SourceFormat(args.source_format),
         target_config=args.target_config,
-        layout=Layout(args.layout),
+        layout=LayerNaming(args.layout),
         allow_pickle=args.allow_pickle,
         force=args.force,
     )

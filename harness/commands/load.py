@@ -19,8 +19,9 @@ from harness.commands.base import Command
 from specsweep.errors import WorkloadError
 
 if TYPE_CHECKING:
-    from workers.loadgen import LoadLevel, LoadResult
-    from workers.workloads import Workload
+    from workers.job import LoadLevel
+    from workers.load.generator import LoadResult
+    from workers.load.workloads import Workload
 
 METADATA_LEVEL = b"specsweep.load_level"
 METADATA_WORKLOAD = b"specsweep.workload"
@@ -67,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
     """The LoadLevel and Workload the arguments describe; bad values become one WorkloadError."""
-    from workers.loadgen import LoadLevel
-    from workers.workloads import JsonlPromptsWorkload, RandomIdsWorkload
+    from workers.job import LoadLevel
+    from workers.load.workloads import JsonlPromptsWorkload, RandomIdsWorkload
 
     try:
         level = LoadLevel(
@@ -84,6 +85,7 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
             processes=args.processes,
             seed=args.seed,
         )
+        workload: Workload
         if args.prompts:
             workload = JsonlPromptsWorkload(
                 path=args.prompts,
@@ -93,7 +95,7 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
                 seed=args.seed,
             )
         else:
-            workload: Workload = RandomIdsWorkload(
+            workload = RandomIdsWorkload(
                 input_tokens=args.input_tokens,
                 input_tokens_max=args.input_tokens_max,
                 output_tokens=args.output_tokens,
@@ -109,8 +111,8 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.schema import requests_table, write_parquet_atomic
-    from workers.loadgen import run_load
-    from workers.workloads import JsonlPromptsWorkload
+    from workers.load.generator import run_load
+    from workers.load.workloads import JsonlPromptsWorkload
 
     level, workload = _level_and_workload(args)
     if isinstance(workload, JsonlPromptsWorkload):

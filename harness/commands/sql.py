@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.commands.base import Command
 from specsweep.errors import ResultsError
@@ -61,7 +61,7 @@ def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int) -> str
         ) from None
 
 
-def _format(columns: list[str], rows: list[tuple], max_rows: int) -> str:
+def _format(columns: list[str], rows: list[tuple[Any, ...]], max_rows: int) -> str:
     """Columns aligned, cut at max_rows with a note."""
     shown = rows[:max_rows]
     cells = [[_cell(v) for v in row] for row in shown]

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 
 from harness.commands.base import Command
-from harness.queue import open_read_only, read_attempts, read_counts, read_jobs, read_meta
+from harness.queue import AttemptRow, JobRow, open_read_only, read_attempts, read_counts, read_jobs, read_meta
 from specsweep.errors import ResultsError
 
 
@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(sweep_id: str | None, counts: dict[str, int], jobs: list, attempts: list) -> None:
+def _print(
+    sweep_id: str | None, counts: dict[str, int], jobs: list[JobRow], attempts: list[AttemptRow]
+) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -15,7 +15,7 @@ from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import progress_for
 from harness.spec import parse_spec
-from workers.sim_model import DEFAULT_PROFILE, Load, ground_truth
+from workers.sim.model import DEFAULT_PROFILE, Load, ground_truth
 
 pytestmark = pytest.mark.ray
 
@@ -90,7 +90,7 @@ def test_demo_winner_command_is_an_sglang_launch_when_engine_is_sim(demo_out: Pa
     con.close()
     for level in selection.levels:
         command = level.winner.launch_command
-        assert " -m sglang.launch_server " in command and "workers.sim_server" not in command
+        assert " -m sglang.launch_server " in command and "workers.sim" not in command
         assert "--speculative-num-draft-tokens" in command or level.winner.is_baseline
 
 

@@ -34,8 +34,8 @@ from harness.progress import LogProgress
 from harness.queue import open_read_only, read_attempts, read_counts, read_jobs
 from harness.spec import SweepSpec, parse_spec
 from specsweep.errors import ClusterError
-from workers.eagle3_fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
-from workers.eagle3_format import SourceFormat
+from workers.convert.eagle3_format import SourceFormat
+from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
 
 pytestmark = pytest.mark.ray
 

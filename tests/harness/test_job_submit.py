@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from harness.queue import open_read_only, read_counts
-from workers.eagle3_fixtures import TINY, write_target_config
-from workers.launcher import group_members
-from workers.preflight import pick_free_port
+from workers.convert.fixtures import TINY, write_target_config
+from workers.node.launcher import group_members
+from workers.node.preflight import pick_free_port
 
 pytestmark = pytest.mark.ray
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import io
 import time
 
+import pytest
+
 from harness.progress import LiveProgress, LogProgress, SlotView, SweepView, progress_for
-from harness.retry import allowed_failures
+from harness.retry import DETERMINISTIC_CLASSES, TRANSIENT_CLASSES, allowed_failures
+from specsweep.error_classes import ErrorClass
 
 VIEW = SweepView(
     counts={"pending": 3, "leased": 1, "done": 2, "failed": 0},
@@ -39,8 +42,18 @@ def test_progress_shows_counts_slots_and_eta_when_live() -> None:
 
 
 def test_retry_policy_fails_at_once_when_class_is_deterministic() -> None:
-    """bad_args, resolve_error, config_mismatch, cuda_oom: no retry; crash, timeouts, lost nodes: retries."""
+    """bad_args, resolve_error, config_mismatch, cuda_oom, bad_drafter: no retry; crash, timeouts, lost
+    nodes: retries."""
     for error_class in ("bad_args", "resolve_error", "config_mismatch", "cuda_oom", "bad_drafter"):
-        assert allowed_failures(error_class, retries=3) == 0
-    for error_class in ("crash", "startup_timeout", "node_lost", "health_lost", "something_new"):
-        assert allowed_failures(error_class, retries=3) == 3
+        assert allowed_failures(ErrorClass(error_class), retries=3) == 0
+    for error_class in ("crash", "startup_timeout", "node_lost", "health_lost", "gpus_busy"):
+        assert allowed_failures(ErrorClass(error_class), retries=3) == 3
+
+
+def test_retry_policy_classifies_every_error_class_once_when_listed() -> None:
+    """Each error class is deterministic or transient, never both, never neither; an unknown class cannot
+    be made at all (a typo cannot turn a failure retryable)."""
+    assert DETERMINISTIC_CLASSES.isdisjoint(TRANSIENT_CLASSES)
+    assert set(ErrorClass) == DETERMINISTIC_CLASSES | TRANSIENT_CLASSES
+    with pytest.raises(ValueError):
+        ErrorClass("cuda_oomm")

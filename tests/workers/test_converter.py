@@ -1,6 +1,6 @@
 """Drafter conversion: every input format converts bit-exactly, atomically, once.
 
-Checkpoints come from ``workers.eagle3_fixtures`` (tiny dims); outputs are read back with the real
+Checkpoints come from ``workers.convert.fixtures`` (tiny dims); outputs are read back with the real
 ``safetensors`` library, not the converter's own reader.
 """
 
@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file
 
 from specsweep.errors import ConversionError
-from workers.conversion_report import ConversionReport
-from workers.converter import ConvertOptions, convert, convert_cached
-from workers.eagle3_fixtures import (
+from workers.convert.converter import ConvertOptions, convert, convert_cached
+from workers.convert.eagle3_format import LayerNaming, SourceFormat
+from workers.convert.fixtures import (
     TINY,
     FixtureDims,
     FixtureTensor,
@@ -30,7 +30,7 @@ from workers.eagle3_fixtures import (
     write_checkpoint,
     write_target_config,
 )
-from workers.eagle3_format import Layout, SourceFormat
+from workers.convert.report import ConversionReport
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -131,7 +131,7 @@ def test_convert_records_files_mapping_drops_and_checks_when_speculators_source(
 def test_convert_writes_layers_prefix_when_layout_layers(tmp_path: Path) -> None:
     """--layout layers writes layers.0.* (the name newer SGLang maps midlayer to)."""
     src = write_checkpoint(build_checkpoint(SourceFormat.SGLANG), tmp_path / "src")
-    convert(src, tmp_path / "out", ConvertOptions(layout=Layout.LAYERS))
+    convert(src, tmp_path / "out", ConvertOptions(layout=LayerNaming.LAYERS))
     names = set(load_file(tmp_path / "out" / "model.safetensors"))
     assert "layers.0.self_attn.q_proj.weight" in names
     assert not any(name.startswith("midlayer.") for name in names)

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from specsweep.errors import ConversionError
-from workers.converter import ConvertOptions, convert
-from workers.eagle3_fixtures import (
+from workers.convert.converter import ConvertOptions, convert
+from workers.convert.eagle3_format import SourceFormat
+from workers.convert.fixtures import (
     TINY,
     FixtureCheckpoint,
     FixtureTensor,
@@ -29,7 +30,6 @@ from workers.eagle3_fixtures import (
     write_checkpoint,
     write_target_config,
 )
-from workers.eagle3_format import SourceFormat
 
 REPO = Path(__file__).resolve().parents[2]
 Q_PROJ = "layers.0.self_attn.q_proj.weight"

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workers.eagle3_fixtures import TINY, write_target_config
-from workers.launcher import (
+from workers.convert.fixtures import TINY, write_target_config
+from workers.node.launcher import (
     PidFile,
     ServerConfig,
     ServerFailure,
@@ -24,7 +24,7 @@ from workers.launcher import (
     start_server,
     wait_healthy,
 )
-from workers.preflight import pick_free_port
+from workers.node.preflight import pick_free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def test_launcher_starts_healthy_server_in_own_session_when_args_are_valid(
         assert wait_healthy(server, timeout_s=60) > 0
         assert os.getsid(server.popen.pid) == server.popen.pid
         assert psutil.Process(server.popen.pid).ppid() == os.getpid()
-        assert server.argv[1:3] == ["-m", "workers.sim_server"] and server.argv[-4:-2] == [
+        assert server.argv[1:3] == ["-m", "workers.sim"] and server.argv[-4:-2] == [
             "--host",
             "127.0.0.1",
         ]
@@ -127,7 +127,7 @@ PARENT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from workers.launcher import ServerConfig, start_server
+    from workers.node.launcher import ServerConfig, start_server
     config = ServerConfig(engine="sim", python=sys.executable, args=("--model-path", sys.argv[1]))
     server = start_server(config, int(sys.argv[2]), Path(sys.argv[3]))
     print(server.popen.pid, flush=True)
@@ -174,9 +174,9 @@ def test_pid_file_kills_group_left_behind_when_next_worker_starts(target: str, t
 
 def test_sglang_command_names_sglang_when_engine_is_sim() -> None:
     """A simulated server's argv is reported as the SGLang launch it stands for (same arguments)."""
-    from workers.launcher import sglang_command
+    from workers.node.launcher import sglang_command
 
-    sim = ("/venv/bin/python", "-m", "workers.sim_server", "--tp-size", "8", "--port", "30000")
+    sim = ("/venv/bin/python", "-m", "workers.sim", "--tp-size", "8", "--port", "30000")
     assert sglang_command(sim, "/opt/sglang/bin/python") == (
         "/opt/sglang/bin/python", "-m", "sglang.launch_server", "--tp-size", "8", "--port", "30000",
     )  # fmt: skip

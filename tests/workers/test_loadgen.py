@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from tests.launch_args import chain_launch_args
-from workers.loadgen import LoadLevel, LoadResult, auto_processes, run_load
-from workers.sim_server import SimServerHandle, start_sim_server
-from workers.workloads import JsonlPromptsWorkload, RandomIdsWorkload
+from workers.job import LoadLevel
+from workers.load.generator import LoadResult, auto_processes, run_load
+from workers.load.workloads import JsonlPromptsWorkload, RandomIdsWorkload
+from workers.node.launcher import ServerProcess, start_sim
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SPEC_ARGS = chain_launch_args(
@@ -21,21 +22,21 @@ SPEC_ARGS = chain_launch_args(
 
 
 @pytest.fixture(scope="module")
-def sim() -> Iterator[SimServerHandle]:
+def sim() -> Iterator[ServerProcess]:
     """Default profile (acceptance varies per step) at 1/4 of real time: steps of about 4 ms."""
-    with start_sim_server(SPEC_ARGS, env={"SPECSWEEP_SIM_TIME_SCALE": "0.25"}) as server:
+    with start_sim(SPEC_ARGS, env={"SPECSWEEP_SIM_TIME_SCALE": "0.25"}) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def fast_sim() -> Iterator[SimServerHandle]:
+def fast_sim() -> Iterator[ServerProcess]:
     """The same server at 1/50 of real time, for request-rate tests."""
-    with start_sim_server(SPEC_ARGS, env={"SPECSWEEP_SIM_TIME_SCALE": "0.02"}) as server:
+    with start_sim(SPEC_ARGS, env={"SPECSWEEP_SIM_TIME_SCALE": "0.02"}) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def random_ids_run(sim: SimServerHandle) -> LoadResult:
+def random_ids_run(sim: ServerProcess) -> LoadResult:
     workload = RandomIdsWorkload(input_tokens=16, output_tokens=24, output_tokens_max=64, seed=3)
     level = LoadLevel(concurrency=8, requests=32, warmup_requests=4, flush_cache=True)
     return run_load(sim.url, level, workload, calibration_streams=4)
@@ -101,9 +102,7 @@ def test_run_load_itl_agrees_with_server_chunk_stamps_when_streaming(random_ids_
     assert np.percentile(step_errors, 90) < 10.0
 
 
-def test_run_load_reads_chat_stream_when_prompts_come_from_jsonl(
-    sim: SimServerHandle, tmp_path: Path
-) -> None:
+def test_run_load_reads_chat_stream_when_prompts_come_from_jsonl(sim: ServerProcess, tmp_path: Path) -> None:
     """ShareGPT and prompt lines go to the chat route; usage deltas and sglext give the same exactness."""
     prompts = tmp_path / "prompts.jsonl"
     lines = [{"prompt": f"Question {i}: explain speculative decoding."} for i in range(3)]
@@ -128,7 +127,7 @@ def _in_flight(result: LoadResult, times_ns: np.ndarray) -> np.ndarray:
     return ((starts[None, :] <= times_ns[:, None]) & (times_ns[:, None] < ends[None, :])).sum(axis=1)
 
 
-def test_run_load_holds_n_in_flight_when_closed_loop(sim: SimServerHandle) -> None:
+def test_run_load_holds_n_in_flight_when_closed_loop(sim: ServerProcess) -> None:
     """Closed loop: between the first request's end and the last request's start, N are in flight."""
     workload = RandomIdsWorkload(input_tokens=8, output_tokens=64)
     result = run_load(sim.url, LoadLevel(concurrency=12, requests=96), workload, calibration_streams=4)
@@ -144,7 +143,7 @@ def test_run_load_holds_n_in_flight_when_closed_loop(sim: SimServerHandle) -> No
 
 
 @pytest.mark.parametrize("arrival", ["constant", "poisson"])
-def test_run_load_hits_target_rate_when_open_loop(fast_sim: SimServerHandle, arrival: str) -> None:
+def test_run_load_hits_target_rate_when_open_loop(fast_sim: ServerProcess, arrival: str) -> None:
     """Open loop: 2,000 requests at 400/s are sent at 400/s within 2%, each with its scheduled time."""
     workload = RandomIdsWorkload(input_tokens=8, output_tokens=2)
     level = LoadLevel(rate_rps=400, arrival=arrival, requests=2000, seed=7)
@@ -156,7 +155,7 @@ def test_run_load_hits_target_rate_when_open_loop(fast_sim: SimServerHandle, arr
     assert np.median(lateness_ms) < 5.0
 
 
-def test_run_load_merges_shards_when_several_processes(sim: SimServerHandle) -> None:
+def test_run_load_merges_shards_when_several_processes(sim: ServerProcess) -> None:
     """Two client processes start together and their records merge: every request once, N in flight."""
     workload = RandomIdsWorkload(input_tokens=8, output_tokens=48)
     level = LoadLevel(concurrency=8, requests=64, processes=2)
@@ -170,7 +169,7 @@ def test_run_load_merges_shards_when_several_processes(sim: SimServerHandle) -> 
     assert counts.max() == 8 and np.median(counts) == 8
 
 
-def test_shards_split_a_closed_loop_count_by_their_streams(sim: SimServerHandle) -> None:
+def test_shards_split_a_closed_loop_count_by_their_streams(sim: ServerProcess) -> None:
     """6 streams x 3 requests over 4 processes (2, 2, 1, 1 streams) lasts three request times, not four.
 
     Splitting the 18 requests evenly (5, 5, 4, 4) would leave each one-stream process a fourth request

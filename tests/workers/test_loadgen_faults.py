@@ -18,9 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.workers.wire_server import STREAMS, WireServer
-from workers.loadgen import LoadLevel, run_load
-from workers.sim_server import start_sim_server
-from workers.workloads import RandomIdsWorkload
+from workers.job import LoadLevel
+from workers.load.generator import run_load
+from workers.load.workloads import RandomIdsWorkload
+from workers.node.launcher import start_sim
 
 WORKLOAD = RandomIdsWorkload(input_tokens=8, output_tokens=10)
 LEVEL = LoadLevel(concurrency=2, requests=4, request_timeout_s=1.0)
@@ -106,7 +107,7 @@ def test_run_load_records_http_500_rows_when_sim_server_fails_some_requests() ->
         "SPECSWEEP_SIM_FAULT_EVERY": "2",
         "SPECSWEEP_SIM_TIME_SCALE": "0.1",
     }
-    with start_sim_server(SIM_ARGS, env=env) as sim:
+    with start_sim(SIM_ARGS, env=env) as sim:
         result = run_load(sim.url, LoadLevel(concurrency=2, requests=8), WORKLOAD, calibration_streams=4)
     assert len(result.records) == 8
     failed = [r for r in result.records if r.error_type is not None]
@@ -124,7 +125,7 @@ def test_run_load_records_timeouts_when_sim_server_hangs_mid_stream() -> None:
         "SPECSWEEP_SIM_TIME_SCALE": "0.1",
     }
     level = LoadLevel(concurrency=1, requests=4, request_timeout_s=1.0)
-    with start_sim_server(SIM_ARGS, env=env) as sim:
+    with start_sim(SIM_ARGS, env=env) as sim:
         result = run_load(sim.url, level, WORKLOAD, calibration_streams=4)
     assert [r.error_type for r in result.records] == [None, None, "timeout", "timeout"]
     assert result.records[2].completion_tokens is not None and result.records[2].completion_tokens >= 5

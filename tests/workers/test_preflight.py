@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from workers.preflight import (
+from workers.node.preflight import (
     GpuProcess,
     GpusBusy,
     check_gpus_idle,
@@ -45,9 +45,9 @@ def test_preflight_skips_gpu_check_when_no_nvidia_driver() -> None:
 
 
 def test_preflight_cli_reports_skip_when_no_nvidia_driver() -> None:
-    """`python -m workers.preflight` says what it checked and exits 0 when nothing holds a GPU."""
+    """`python -m workers.node.preflight` says what it checked and exits 0 when nothing holds a GPU."""
     done = subprocess.run(
-        [sys.executable, "-m", "workers.preflight"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "workers.node.preflight"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode in (0, 1)
     assert done.stdout.startswith(("skipped: no NVIDIA driver", "idle:", "GPU "))

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specsweep.errors import ConversionError
-from workers.eagle3_fixtures import bf16_bits
-from workers.safetensors_stream import (
+from workers.convert.fixtures import bf16_bits
+from workers.convert.safetensors_stream import (
     MAP_WINDOW_BYTES,
     OutputTensor,
     copy_range,
@@ -21,7 +21,7 @@ from workers.safetensors_stream import (
     pwrite_all,
     read_header,
 )
-from workers.tensor_values import ValueScanner
+from workers.convert.tensor_values import ValueScanner
 
 
 def test_read_header_matches_library_layout_when_file_written_by_safetensors(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from tests.launch_args import chain_launch_args
-from tests.workers.sim_tokenizer import write_word_tokenizer
+from workers.node.launcher import start_sim
 from workers.sglang import SpecParams, api
-from workers.sim_model import (
+from workers.sim.model import (
     DEFAULT_PROFILE,
     DraftShape,
     Load,
@@ -27,7 +27,7 @@ from workers.sim_model import (
     expected_accept_length,
     ground_truth,
 )
-from workers.sim_server import start_sim_server
+from workers.sim.tokenizer import write_word_tokenizer
 
 SCALE = 0.5  # slow enough that a few ms of scheduling noise on a busy 2-core box stays well under 3%
 STEPS = 7  # a deep chain: topk 1, 8 draft tokens
@@ -78,7 +78,7 @@ def test_measured_tpot_and_accept_length_match_ground_truth_when_run_is_seeded(
 ):
     """A seeded run's client-measured TPOT and accept length are within 3% of ground_truth()."""
     env = {"SPECSWEEP_SIM_TIME_SCALE": str(SCALE), "SPECSWEEP_SIM_SEED": "11"}
-    with start_sim_server(chain_launch_args(kimi_target, eagle3_draft, STEPS), env=env) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, STEPS), env=env) as handle:
         measured = asyncio.run(closed_loop(handle.url, load, SCALE))
         info = json.loads(urllib.request.urlopen(handle.url + api.SERVER_INFO, timeout=10).read())
     truth = ground_truth(DEFAULT_PROFILE, SpecParams("EAGLE3", STEPS, 1, STEPS + 1, 48), load)
@@ -94,7 +94,7 @@ def test_measured_best_config_flips_between_concurrency_one_and_forty_eight(kimi
     env = {"SPECSWEEP_SIM_TIME_SCALE": str(scale), "SPECSWEEP_SIM_SEED": "5"}
     results = {}
     for steps in (1, STEPS):
-        with start_sim_server(chain_launch_args(kimi_target, eagle3_draft, steps), env=env) as handle:
+        with start_sim(chain_launch_args(kimi_target, eagle3_draft, steps), env=env) as handle:
             for load in (Load(1, 64, 96, 4), Load(48, 64, 96, 48)):
                 results[steps, load.concurrency] = asyncio.run(closed_loop(handle.url, load, scale)).tpot_s
     assert results[STEPS, 1] < 0.8 * results[1, 1]
@@ -113,7 +113,7 @@ def test_sglang_benchmark_client_runs_clean_and_reports_intended_accept_length(
     every request succeeds and the accept length it prints is the one the profile intends."""
     steps = 5
     env = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "3"}
-    with start_sim_server(chain_launch_args(kimi_target, eagle3_draft, steps), env=env) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, steps), env=env) as handle:
         done = subprocess.run(
             [
                 sglang_python,

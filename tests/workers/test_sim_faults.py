@@ -11,8 +11,8 @@ import urllib.request
 import pytest
 
 from tests.launch_args import chain_launch_args
+from workers.node.launcher import start_sim, wait_healthy
 from workers.sglang import api
-from workers.sim_server import start_sim_server
 
 FAST = {"SPECSWEEP_SIM_TIME_SCALE": "0.05"}
 
@@ -39,7 +39,7 @@ def generate(url: str, max_new_tokens: int = 16, timeout: float = 10) -> int:
 
 
 def wait_exit(handle, timeout: float = 20) -> int:
-    return handle.process.wait(timeout=timeout)
+    return handle.popen.wait(timeout=timeout)
 
 
 @pytest.mark.parametrize(
@@ -55,9 +55,7 @@ def test_startup_fault_dies_like_sglang_when_scheduler_raises(
 ):
     """A scheduler that raises at startup: its traceback, the SIGQUIT line, then SIGKILL (status -9)."""
     env = {**FAST, "SPECSWEEP_SIM_FAULT": fault}
-    with start_sim_server(
-        chain_launch_args(kimi_target, eagle3_draft, 3), env=env, wait_healthy=False
-    ) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, 3), env=env, healthy_within_s=None) as handle:
         assert wait_exit(handle) == -signal.SIGKILL
         log = handle.log_text()
     assert "TP0] Scheduler hit an exception: Traceback (most recent call last):" in log
@@ -69,7 +67,7 @@ def test_startup_fault_dies_like_sglang_when_scheduler_raises(
 def test_load_crash_when_launch_names_a_plain_llama_draft(kimi_target, fixtures_dir):
     """A launch SGLang accepts but cannot load (EAGLE3 with a LlamaForCausalLM draft) dies while loading."""
     args = chain_launch_args(kimi_target, fixtures_dir / "eagle3-draft-llama-arch", 3)
-    with start_sim_server(args, env=FAST, wait_healthy=False) as handle:
+    with start_sim(args, env=FAST, healthy_within_s=None) as handle:
         assert wait_exit(handle) == -signal.SIGKILL
         assert "Scheduler hit an exception" in handle.log_text()
 
@@ -77,7 +75,7 @@ def test_load_crash_when_launch_names_a_plain_llama_draft(kimi_target, fixtures_
 def test_crash_after_kills_server_when_request_count_exceeded(kimi_target, eagle3_draft):
     """crash_after 2: two requests succeed, the third finds the server dead (runtime SIGQUIT path)."""
     env = {**FAST, "SPECSWEEP_SIM_FAULT": "crash_after", "SPECSWEEP_SIM_FAULT_AFTER": "2"}
-    with start_sim_server(chain_launch_args(kimi_target, eagle3_draft, 3), env=env) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, 3), env=env) as handle:
         assert [generate(handle.url), generate(handle.url)] == [200, 200]
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             generate(handle.url)
@@ -90,9 +88,7 @@ def test_crash_after_kills_server_when_request_count_exceeded(kimi_target, eagle
 def test_hang_before_ready_keeps_health_503_when_loading_never_ends(kimi_target, eagle3_draft):
     """hang_before_ready: the port answers, /health and /ready stay 503, the process stays alive."""
     env = {**FAST, "SPECSWEEP_SIM_FAULT": "hang_before_ready"}
-    with start_sim_server(
-        chain_launch_args(kimi_target, eagle3_draft, 3), env=env, wait_healthy=False
-    ) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, 3), env=env, healthy_within_s=None) as handle:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
@@ -103,16 +99,14 @@ def test_hang_before_ready_keeps_health_503_when_loading_never_ends(kimi_target,
         time.sleep(1.0)
         assert codes == (503, 503)
         assert (status_of(handle.url + api.HEALTH), status_of(handle.url + api.READY)) == (503, 503)
-        assert handle.process.poll() is None
+        assert handle.popen.poll() is None
         assert "Capture cuda graph begin" in handle.log_text()
 
 
 def test_slow_start_answers_503_until_load_delay_passes(kimi_target, eagle3_draft):
     """SPECSWEEP_SIM_LOAD_DELAY_S: 503 while loading, then the ready line and 200."""
     env = {**FAST, "SPECSWEEP_SIM_LOAD_DELAY_S": "1.5"}
-    with start_sim_server(
-        chain_launch_args(kimi_target, eagle3_draft, 3), env=env, wait_healthy=False
-    ) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, 3), env=env, healthy_within_s=None) as handle:
         while True:
             try:
                 first = status_of(handle.url + api.READY)
@@ -121,7 +115,7 @@ def test_slow_start_answers_503_until_load_delay_passes(kimi_target, eagle3_draf
                 time.sleep(0.05)
         started = time.monotonic()
         assert first == 503
-        handle.wait_healthy(20)
+        wait_healthy(handle, 20)
         assert time.monotonic() - started > 0.3
         assert status_of(handle.url + api.READY) == 200
         assert "The server is fired up and ready to roll!" in handle.log_text()
@@ -135,7 +129,7 @@ def test_hang_mid_stream_stalls_stream_and_fails_health_when_scheduler_hangs(kim
         "SPECSWEEP_SIM_FAULT_AFTER": "1",
         "SGLANG_HEALTH_CHECK_TIMEOUT": "1",
     }
-    with start_sim_server(chain_launch_args(kimi_target, eagle3_draft, 3), env=env) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, 3), env=env) as handle:
         assert generate(handle.url, 40) == 200
         body = {"text": "x", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}, "stream": True}
         request = urllib.request.Request(
@@ -150,12 +144,12 @@ def test_hang_mid_stream_stalls_stream_and_fails_health_when_scheduler_hangs(kim
                     received.append(json.loads(line[6:])["meta_info"][api.META_COMPLETION_TOKENS])
         assert received and 20 <= received[-1] < 40
         assert status_of(handle.url + api.HEALTH) == 503
-        assert handle.process.poll() is None
+        assert handle.popen.poll() is None
 
 
 def test_http_500_answers_every_nth_generation_request(kimi_target, eagle3_draft):
     """http_500 every 3: requests 3 and 6 get HTTP 500 with an error body, the others 200."""
     env = {**FAST, "SPECSWEEP_SIM_FAULT": "http_500", "SPECSWEEP_SIM_FAULT_EVERY": "3"}
-    with start_sim_server(chain_launch_args(kimi_target, eagle3_draft, 3), env=env) as handle:
+    with start_sim(chain_launch_args(kimi_target, eagle3_draft, 3), env=env) as handle:
         assert [generate(handle.url) for _ in range(6)] == [200, 200, 500, 200, 200, 500]
         assert status_of(handle.url + api.HEALTH) == 200

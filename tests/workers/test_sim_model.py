@@ -8,7 +8,7 @@ import random
 import pytest
 
 from workers.sglang import SpecParams
-from workers.sim_model import (
+from workers.sim.model import (
     DEFAULT_PROFILE,
     DraftShape,
     Load,
@@ -21,7 +21,7 @@ from workers.sim_model import (
     ground_truth,
     sample_accepted_drafts,
 )
-from workers.sim_settings import FaultMode, SimSettingsError, load_profile, settings_from_env
+from workers.sim.settings import FaultMode, SimSettingsError, load_profile, settings_from_env
 
 
 def chain(steps: int) -> SpecParams:

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from workers.node.launcher import ServerProcess, start_sim
+from workers.node.preflight import pick_free_port
 from workers.sglang import api
-from workers.sim_server import SimServerHandle, free_port, start_sim_server
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "1"}
@@ -61,7 +62,7 @@ def sse_events(raw: bytes) -> list[bytes]:
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workers.sim_server", *args],
+        [sys.executable, "-m", "workers.sim", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -74,7 +75,7 @@ def server(kimi_target: Path, eagle3_draft: Path):
     """The mission's third launch (topk 1, 16 draft tokens, 1 step), metrics on, 20x faster than real."""
     args = mission_args(kimi_target, eagle3_draft, "--speculative-num-draft-tokens", "16")
     args += ["--speculative-num-steps", "1", "--enable-metrics"]
-    with start_sim_server(args, env=FAST) as handle:
+    with start_sim(args, env=FAST) as handle:
         yield handle
 
 
@@ -154,7 +155,7 @@ def test_generate_replays_identical_acceptance_when_seed_and_prompt_repeat(kimi_
     body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
     runs = []
     for _ in range(2):
-        with start_sim_server(args, env=FAST) as handle:
+        with start_sim(args, env=FAST) as handle:
             runs.append([json.loads(post(handle.url + api.GENERATE, body)[1])["meta_info"] for _ in range(2)])
     assert [m[api.SPEC_CORRECT_DRAFTS_HISTOGRAM] for m in runs[0]] == [
         m[api.SPEC_CORRECT_DRAFTS_HISTOGRAM] for m in runs[1]
@@ -248,7 +249,7 @@ def test_metrics_exposes_sglang_names_when_enabled(server):
 
 def test_metrics_absent_when_not_enabled(kimi_target):
     """Without --enable-metrics there is no /metrics route (404), as in SGLang."""
-    with start_sim_server(["--model-path", str(kimi_target)], env=FAST) as handle:
+    with start_sim(["--model-path", str(kimi_target)], env=FAST) as handle:
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(handle.url + api.METRICS, timeout=10)
         assert err.value.code == 404
@@ -258,7 +259,7 @@ def test_metrics_absent_when_not_enabled(kimi_target):
 
 
 # --- OpenAI routes with the openai package ---------------------------------------------------------------
-def test_openai_chat_stream_carries_spec_details_in_extra_choiceless_chunk(server: SimServerHandle):
+def test_openai_chat_stream_carries_spec_details_in_extra_choiceless_chunk(server: ServerProcess):
     """Chat streaming with include_usage and return_spec_tokens_details, read by the openai client."""
     import openai
 
@@ -323,10 +324,10 @@ def test_openai_async_client_streams_concurrently_when_many_requests(server):
 
 def test_servers_share_one_port_when_reuse_port_is_set(kimi_target: Path):
     """Under SPECSWEEP_SIM_REUSE_PORT=1 two servers bind one port and the kernel spreads connections."""
-    port = free_port()
-    args = ["--model-path", str(kimi_target), "--port", str(port)]
+    port = pick_free_port("127.0.0.1")
+    args = ["--model-path", str(kimi_target)]
     env = {**FAST, "SPECSWEEP_SIM_REUSE_PORT": "1"}
-    with start_sim_server(args, env=env) as first, start_sim_server(args, env=env) as second:
+    with start_sim(args, env=env, port=port) as first, start_sim(args, env=env, port=port) as second:
         started: set[float] = set()
         deadline = time.monotonic() + 30  # the second is "healthy" as soon as the first answers
         while len(started) < 2 and time.monotonic() < deadline:
@@ -334,6 +335,6 @@ def test_servers_share_one_port_when_reuse_port_is_set(kimi_target: Path):
         status, body = post(
             first.url + api.GENERATE, {"text": "a b c", "sampling_params": {"max_new_tokens": 4}}
         )
-        assert first.process.poll() is None and second.process.poll() is None
+        assert first.popen.poll() is None and second.popen.poll() is None
     assert len(started) == 2
     assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 4

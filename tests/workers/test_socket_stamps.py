@@ -9,7 +9,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from workers.socket_stamps import StampedBody, StampingConnector
+from workers.load.socket_stamps import StampedBody, StampingConnector
 
 GAP_S = 0.05
 PARTS = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]

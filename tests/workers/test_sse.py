@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from workers.load.sse import SSEDecoder, SSEFormatError, int_field
+from workers.load.stream import ResponseStream, StreamError
 from workers.sglang import api
-from workers.sglang_stream import ResponseStream, StreamError
-from workers.sse import SSEDecoder, SSEFormatError, int_field
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23"
 

@@ -57,7 +57,7 @@ SPEC_TOKENS_DETAILS = "spec_tokens_details"  # inside sglext
 STREAM_OPTIONS = "stream_options"  # request: {"include_usage": true, "continuous_usage_stats": true}
 CONTINUOUS_USAGE_STATS = "continuous_usage_stats"  # usage (completion_tokens) on every chunk
 
-# --- simulated server only (workers.sim_server): ignored by real clients ---------------------------
+# --- simulated server only (workers.sim.server): ignored by real clients ---------------------------
 SIM_SCHEDULED_NS = "sim_scheduled_ns"  # simulated server only: when its schedule meant to send the chunk
 SIM_SEND_NS = "sim_send_ns"  # in meta_info / each chat chunk: server monotonic ns when the chunk was sent
 

@@ -8,6 +8,8 @@ runs those launches.
 
 from __future__ import annotations
 
+from specsweep.error_classes import ErrorClass
+
 # Finding code -> the exception line SGLang's resolver prints (exit 1). Templates take the launch's values.
 RESOLVE_EXCEPTIONS: dict[str, str] = {
     "unknown_algorithm": "ValueError: Unknown speculative algorithm name: {algorithm}",
@@ -31,7 +33,7 @@ LOAD_CRASH_CODES: tuple[str, ...] = (
 )
 
 # Error class -> substrings of a server log that identify it (first match wins, in this order).
-LOG_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("cuda_oom", ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")),
-    ("nccl_error", ("NCCL error", "ncclInternalError", "ncclSystemError", "ncclUnhandledCudaError")),
+LOG_CLASSES: tuple[tuple[ErrorClass, tuple[str, ...]], ...] = (
+    (ErrorClass.CUDA_OOM, ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")),
+    (ErrorClass.NCCL_ERROR, ("NCCL error", "ncclInternalError", "ncclSystemError", "ncclUnhandledCudaError")),
 )

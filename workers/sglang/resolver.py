@@ -111,7 +111,8 @@ class SGLangResolver:
                 fix="check that the interpreter has sglang==0.5.23 and its resolver dependencies "
                 "(`make sglang-venv`)",
             )
-        return json.loads(line)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     def resolve(self, argv: list[str]) -> ResolverResult:
         if self._proc is None or self._proc.stdin is None:

@@ -153,7 +153,8 @@ def read_model_config(path: str | None) -> dict[str, Any] | None:
     if not config.is_file():
         return None
     try:
-        return json.loads(config.read_text())
+        data: dict[str, Any] | None = json.loads(config.read_text())
+        return data
     except (OSError, json.JSONDecodeError):
         return None
 

@@ -214,6 +214,8 @@ def _report(
             layers=layers,
             corrected_argv=None,
         )
+    if effective is None:  # a launch without errors always resolves
+        raise RuntimeError(f"no effective config for {argv}")
     if effective.speculative_algorithm is None:
         effective = replace(
             effective,

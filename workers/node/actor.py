@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from analysis import layout
 from analysis.schema import (
     JobRecord,
     LevelRecord,
@@ -33,10 +34,11 @@ from analysis.schema import (
     requests_table,
     write_parquet_atomic,
 )
+from specsweep.error_classes import ErrorClass
 from specsweep.errors import ConversionError
-from workers import layout
-from workers.job import AttemptResult, DrafterSpec, JobSpec
-from workers.launcher import (
+from workers.convert.cache import converted_drafter
+from workers.job import AttemptResult, JobSpec
+from workers.node.launcher import (
     PidFile,
     ServerConfig,
     ServerFailure,
@@ -48,8 +50,8 @@ from workers.launcher import (
     start_server,
     wait_healthy,
 )
-from workers.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
-from workers.records import AttemptFacts, job_record
+from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
+from workers.node.records import AttemptFacts, job_record
 from workers.sglang import SpecParams, api
 from workers.sglang.rules import normalize_algorithm
 
@@ -57,26 +59,6 @@ log = logging.getLogger(__name__)
 
 GPU_RELEASE_WAIT_S = 30.0
 EXIT_GRACE_S = 5.0  # how long a server that stopped answering gets to show it exited
-
-
-def drafter_cache_dir() -> Path:
-    """Node-local cache of converted drafters (SPECSWEEP_DRAFTER_CACHE overrides)."""
-    default = Path("/tmp") / f"specsweep-{os.getuid()}" / "drafters"
-    return Path(os.environ.get("SPECSWEEP_DRAFTER_CACHE", default))
-
-
-def converted_drafter(drafter: DrafterSpec, model_path: str) -> Path:
-    """Convert the drafter into the node cache (a no-op when this node already did), checked against
-    the target's config when the node has it; returns the directory SGLang loads."""
-    from workers.converter import ConvertOptions, convert_cached
-    from workers.eagle3_format import SourceFormat
-
-    target = Path(model_path)
-    options = ConvertOptions(
-        source_format=None if drafter.format == "auto" else SourceFormat(drafter.format),
-        target_config=target if (target / "config.json").is_file() else None,
-    )
-    return convert_cached(drafter.path, drafter_cache_dir(), options).path
 
 
 class JobCancelled(Exception):
@@ -171,11 +153,14 @@ class NodeWorker:
             requests, levels = self._run(state)
         except (ServerFailure, GpusBusy, ConversionError, JobCancelled) as err:
             if self._cancel.is_set():  # whatever broke, it broke because the driver stopped the server
-                return self._failed(state, "cancelled", "stopped by the driver", None)
+                return self._failed(state, ErrorClass.CANCELLED, "stopped by the driver", None)
             if isinstance(err, ServerFailure):
                 return self._failed(state, err.error_class, err.message, err.log_tail)
             return self._failed(
-                state, "gpus_busy" if isinstance(err, GpusBusy) else "bad_drafter", str(err), None
+                state,
+                ErrorClass.GPUS_BUSY if isinstance(err, GpusBusy) else ErrorClass.BAD_DRAFTER,
+                str(err),
+                None,
             )
         return self._finish(state, None, None, None, requests, levels)
 
@@ -205,7 +190,7 @@ class NodeWorker:
         self, state: _Attempt, server: ServerProcess
     ) -> tuple[list[RequestRecord], list[LevelRecord]]:
         from analysis.levels import summarize_level
-        from workers.loadgen import run_load
+        from workers.load.generator import run_load
 
         job = state.job
         startup_s = wait_healthy(server, job.timeouts.startup_s)
@@ -214,7 +199,7 @@ class NodeWorker:
         state.facts = replace(state.facts, server_info=info)
         mismatches = config_mismatches(job.effective, SpecParams.from_mapping(info))
         if mismatches:
-            raise ServerFailure("config_mismatch", "; ".join(mismatches), server.log_tail())
+            raise ServerFailure(ErrorClass.CONFIG_MISMATCH, "; ".join(mismatches), server.log_tail())
         workload = job.load.workload.model_copy(update={"seed": job.seed})
         requests: list[RequestRecord] = []
         levels: list[LevelRecord] = []
@@ -269,9 +254,10 @@ class NodeWorker:
         if status != 200:
             self._check_alive(server)
             raise ServerFailure(
-                "health_lost", f"{api.SERVER_INFO} answered {status or 'nothing'}", server.log_tail()
+                ErrorClass.HEALTH_LOST, f"{api.SERVER_INFO} answered {status or 'nothing'}", server.log_tail()
             )
-        return json.loads(body)
+        info: dict[str, Any] = json.loads(body)
+        return info
 
     def _check_alive(self, server: ServerProcess) -> None:
         """A server that died mid-run is a crash; one that is alive but stopped answering /health is
@@ -285,11 +271,13 @@ class NodeWorker:
             tail = server.log_tail()
             _, evidence = classify_exit(tail, returncode)
             raise ServerFailure(
-                "crash", f"server exited with code {returncode} during the load: {evidence}", tail
+                ErrorClass.CRASH, f"server exited with code {returncode} during the load: {evidence}", tail
             )
         if status != 200:
             raise ServerFailure(
-                "health_lost", f"{api.HEALTH} answered {status or 'nothing'} mid-run", server.log_tail()
+                ErrorClass.HEALTH_LOST,
+                f"{api.HEALTH} answered {status or 'nothing'} mid-run",
+                server.log_tail(),
             )
 
     def _snapshot_metrics(self, server: ServerProcess, state: _Attempt) -> None:
@@ -322,14 +310,16 @@ class NodeWorker:
 
     # --- results -----------------------------------------------------------------------------------------
 
-    def _failed(self, state: _Attempt, error_class: str, message: str, log_tail: str | None) -> AttemptResult:
+    def _failed(
+        self, state: _Attempt, error_class: ErrorClass, message: str, log_tail: str | None
+    ) -> AttemptResult:
         log.warning("job %s attempt %d failed: %s: %s", state.job.job_id, state.attempt, error_class, message)
         return self._finish(state, error_class, message, log_tail, [], [])
 
     def _finish(
         self,
         state: _Attempt,
-        error_class: str | None,
+        error_class: ErrorClass | None,
         message: str | None,
         log_tail: str | None,
         requests: list[RequestRecord],

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import xxhash
 
-from workers.checkpoint_source import CheckpointSource, SourceTensor
-from workers.safetensors_stream import MAP_WINDOW_BYTES, copy_range, iter_mapped, pwrite_all
-from workers.tensor_values import ValueScanner, ValueSummary, merge_summaries
+from workers.convert.checkpoint_source import CheckpointSource, SourceTensor
+from workers.convert.safetensors_stream import MAP_WINDOW_BYTES, copy_range, iter_mapped, pwrite_all
+from workers.convert.tensor_values import ValueScanner, ValueSummary, merge_summaries
 
 PIECE_BYTES = 64 << 20  # a multiple of 8, so pieces split tensors on element boundaries
 

@@ -1,10 +1,10 @@
 """The simulated server's own knobs, read from environment variables (never from new CLI flags).
 
-A real SGLang command line must run unchanged under ``python -m workers.sim_server``, so everything SGLang
+A real SGLang command line must run unchanged under ``python -m workers.sim``, so everything SGLang
 does not have comes from the environment:
 
 ==============================  ==========================================================================
-``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim_model.SimProfile`` fields);
+``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim.model.SimProfile`` fields);
                                 fields left out keep the default profile's values.
 ``SPECSWEEP_SIM_TIME_SCALE``    real seconds per simulated second (``0.1`` runs 10x faster). Default 1.
 ``SPECSWEEP_SIM_SEED``          base seed of the per-request acceptance draws. Default 0.
@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specsweep.errors import SpecsweepError
-from workers.sim_model import DEFAULT_PROFILE, SimProfile
+from workers.sim.model import DEFAULT_PROFILE, SimProfile
 
 ENV_PROFILE = "SPECSWEEP_SIM_PROFILE"
 ENV_TIME_SCALE = "SPECSWEEP_SIM_TIME_SCALE"
@@ -102,7 +102,7 @@ def load_profile(path: Path) -> SimProfile:
         raise SimSettingsError(
             f"bad simulator profile: {problems}",
             where=str(path),
-            fix=f"use the fields of workers.sim_model.SimProfile: {', '.join(SimProfile.model_fields)}",
+            fix=f"use the fields of workers.sim.model.SimProfile: {', '.join(SimProfile.model_fields)}",
         ) from exc
 
 

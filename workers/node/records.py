@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.schema import JobRecord
+from specsweep.error_classes import ErrorClass
 from workers.job import JobSpec
-from workers.launcher import sglang_command
+from workers.node.launcher import sglang_command
 from workers.sglang import SpecParams
 
 
@@ -34,7 +35,7 @@ def job_record(
     job: JobSpec,
     *,
     attempt: int,
-    error_class: str | None,
+    error_class: ErrorClass | None,
     error_message: str | None,
     facts: AttemptFacts,
 ) -> JobRecord:
@@ -45,7 +46,7 @@ def job_record(
         job_id=job.job_id,
         status="failed" if error_class else "done",
         attempts=attempt,
-        error_class=error_class,
+        error_class=None if error_class is None else error_class.value,
         error_message=error_message,
         config_label=job.config_label,
         repeat_index=job.repeat_index,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.tensor_values import FLOAT_DTYPES, ValueSummary
+from workers.convert.tensor_values import FLOAT_DTYPES, ValueSummary
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 EAGLE_ARCHITECTURE = "LlamaForCausalLM"
@@ -83,8 +83,8 @@ class SourceFormat(StrEnum):
     EAGLE = "eagle"
 
 
-class Layout(StrEnum):
-    """Output key prefix for the draft layer: ``midlayer`` loads in old and new SGLang."""
+class LayerNaming(StrEnum):
+    """How the draft layer's keys are named: ``midlayer.*`` (loads in old and new SGLang) or ``layers.0.*``."""
 
     MIDLAYER = "midlayer"
     LAYERS = "layers"
@@ -416,9 +416,9 @@ def _refuse(name: str, why: str) -> KeyDecision:
     )
 
 
-def output_name(canonical: str, layout: Layout) -> str:
+def output_name(canonical: str, layout: LayerNaming) -> str:
     """The key written for ``canonical`` in ``layout``."""
-    if layout is Layout.LAYERS and canonical.startswith(MIDLAYER):
+    if layout is LayerNaming.LAYERS and canonical.startswith(MIDLAYER):
         return "layers.0." + canonical.removeprefix(MIDLAYER)
     return canonical
 

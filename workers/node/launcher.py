@@ -24,30 +24,31 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from specsweep.error_classes import ErrorClass
+from workers.job import Engine
 from workers.sglang import api, failures
 
 log = logging.getLogger(__name__)
 
-Engine = Literal["sglang", "sim"]
-ENGINE_MODULES: dict[str, str] = {"sglang": "sglang.launch_server", "sim": "workers.sim_server"}
+ENGINE_MODULES: dict[Engine, str] = {"sglang": "sglang.launch_server", "sim": "workers.sim"}
 
 # Failure classes read from a server log, checked in order; the first whose patterns match wins:
 # SGLang's runtime failures (workers.sglang.failures), then the two argument stages: argparse's usage
 # errors (exit 2) and a traceback through SGLang's argument resolution.
-LOG_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+LOG_CLASSES: tuple[tuple[ErrorClass, tuple[str, ...]], ...] = (
     *failures.LOG_CLASSES,
-    ("bad_args", ("error: unrecognized arguments", "error: ambiguous option", "error: argument ")),
-    ("resolve_error", ("server_args.py", "arg_groups/", "resolve_once")),
+    (ErrorClass.BAD_ARGS, ("error: unrecognized arguments", "error: ambiguous option", "error: argument ")),
+    (ErrorClass.RESOLVE_ERROR, ("server_args.py", "arg_groups/", "resolve_once")),
 )
 LOG_TAIL_LINES = 40
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b")  # "torch.OutOfMemoryError: ...", "AssertionError"
@@ -89,7 +90,7 @@ def sglang_command(argv: tuple[str, ...] | list[str], sglang_python: str | None)
 class ServerFailure(Exception):
     """The server did not come up, or went away: ``error_class`` says how, ``log_tail`` shows why."""
 
-    def __init__(self, error_class: str, message: str, log_tail: str | None = None) -> None:
+    def __init__(self, error_class: ErrorClass, message: str, log_tail: str | None = None) -> None:
         super().__init__(f"{error_class}: {message}")
         self.error_class = error_class
         self.message = message
@@ -197,6 +198,10 @@ class ServerProcess:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return read_log_tail(self.log_path, lines)
 
+    def log_text(self) -> str:
+        """The whole server log so far."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
     def stop(self, grace_s: float) -> None:
         """SIGTERM the group, wait up to ``grace_s``, SIGKILL what is left, and confirm the group is gone."""
         kill_group(self.pgid, signal.SIGTERM)
@@ -213,7 +218,7 @@ class ServerProcess:
             time.sleep(0.05)
         if left:
             raise ServerFailure(
-                "stop_failed", f"processes {left} of server group {self.pgid} survived SIGKILL"
+                ErrorClass.STOP_FAILED, f"processes {left} of server group {self.pgid} survived SIGKILL"
             )
 
 
@@ -261,20 +266,20 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def classify_exit(log_text: str, returncode: int) -> tuple[str, str | None]:
+def classify_exit(log_text: str, returncode: int) -> tuple[ErrorClass, str | None]:
     """Failure class of a server that exited, from its log (SGLang's messages) and exit code, with
     the log line that shows it."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     exception = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
     fallback = exception or (lines[-1] if lines else None)
     for error_class, patterns in LOG_CLASSES:
-        if error_class == "bad_args" and returncode != 2:
+        if error_class == ErrorClass.BAD_ARGS and returncode != 2:
             continue
         for line in reversed(lines):
             if any(p in line for p in patterns):
                 # a resolution error matches on a traceback frame; the exception line says more
-                return error_class, fallback if error_class == "resolve_error" else line
-    return "crash", fallback
+                return error_class, fallback if error_class == ErrorClass.RESOLVE_ERROR else line
+    return ErrorClass.CRASH, fallback
 
 
 def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
@@ -306,7 +311,9 @@ def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.25) 
             return time.monotonic() - server.started
         if time.monotonic() > deadline:
             raise ServerFailure(
-                "startup_timeout", f"/health not 200 within {timeout_s:g} s of launch", server.log_tail()
+                ErrorClass.STARTUP_TIMEOUT,
+                f"/health not 200 within {timeout_s:g} s of launch",
+                server.log_tail(),
             )
         time.sleep(poll_s)
 
@@ -382,3 +389,51 @@ def python_for(config_engine: Engine, sglang_python: str | None) -> str:
     if config_engine == "sim":
         return sys.executable
     return sglang_python or "python3"
+
+
+# --- one server for a block of code (tests, benchmarks, tools) -------------------------------------------
+
+
+@contextlib.contextmanager
+def running_server(
+    config: ServerConfig,
+    *,
+    port: int | None = None,
+    log_path: Path | None = None,
+    healthy_within_s: float | None = 30.0,
+    stop_grace_s: float = 5.0,
+) -> Iterator[ServerProcess]:
+    """Start ``config`` on ``port`` (default: a free one), wait for ``/health`` unless
+    ``healthy_within_s`` is None, and stop its whole process group on exit. The log goes to ``log_path``
+    (default: a temporary file, removed on exit)."""
+    from workers.node.preflight import pick_free_port
+
+    owns_log = log_path is None
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="specsweep-server-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+    server = start_server(config, port if port is not None else pick_free_port(config.host), log_path)
+    try:
+        if healthy_within_s is not None:
+            wait_healthy(server, healthy_within_s, poll_s=0.05)
+        yield server
+    finally:
+        server.stop(stop_grace_s)
+        if owns_log:
+            log_path.unlink(missing_ok=True)
+
+
+def start_sim(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
+    log_path: Path | None = None,
+    healthy_within_s: float | None = 30.0,
+) -> contextlib.AbstractContextManager[ServerProcess]:
+    """``running_server`` for the simulated server with SGLang launch ``args`` and SPECSWEEP_SIM_* ``env``."""
+    config = ServerConfig(
+        engine="sim", python=sys.executable, args=tuple(args), env=tuple(sorted((env or {}).items()))
+    )
+    return running_server(config, port=port, log_path=log_path, healthy_within_s=healthy_within_s)

@@ -1,7 +1,7 @@
 """One SGLang streaming response, event by event: token arrivals per chunk, then the final statistics.
 
 Per chunk only two integers are read (``completion_tokens`` and, from the simulated server, its send
-stamp) with ``workers.sse.int_field``; the tokens a chunk carried are the delta of ``completion_tokens``
+stamp) with ``workers.load.sse.int_field``; the tokens a chunk carried are the delta of ``completion_tokens``
 (never re-tokenised text). Full JSON is decoded only for the few chunks that carry no new tokens (role,
 finish, ``sglext``, usage, error) and, on ``/generate``, the final chunk. Both routes are covered: native
 ``/generate`` (cumulative chunks, ``meta_info``) and ``/v1/chat/completions`` (``usage`` on every chunk
@@ -11,11 +11,12 @@ with ``stream_options.continuous_usage_stats``; speculative stats in the ``sglex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
+from workers.load.sse import SSEEvent, int_field
 from workers.sglang import api
-from workers.sse import SSEEvent, int_field
 
 _COMPLETION_TOKENS_KEY = f'"{api.META_COMPLETION_TOKENS}"'.encode()
 _SERVER_SEND_NS_KEY = f'"{api.SIM_SEND_NS}"'.encode()
@@ -107,7 +108,7 @@ class ResponseStream:
         return _chat_stats(objects) if self._chat else _generate_stats(objects)
 
 
-def _decode(payload: bytes) -> dict:
+def _decode(payload: bytes) -> dict[str, Any]:
     """One chunk's JSON object, or ``StreamError('malformed_sse')``."""
     try:
         obj = orjson.loads(payload)
@@ -125,7 +126,7 @@ def _error_message(error: object) -> str:
     return str(error)
 
 
-def _generate_stats(objects: list[dict]) -> FinalStats:
+def _generate_stats(objects: list[dict[str, Any]]) -> FinalStats:
     """``/generate``: everything is in the last chunk's ``meta_info``."""
     if not objects:
         raise StreamError("malformed_sse", "stream ended with [DONE] but carried no chunk")
@@ -135,10 +136,10 @@ def _generate_stats(objects: list[dict]) -> FinalStats:
     return _stats_from(meta, meta, _finish_type(meta.get(api.META_FINISH_REASON)))
 
 
-def _chat_stats(objects: list[dict]) -> FinalStats:
+def _chat_stats(objects: list[dict[str, Any]]) -> FinalStats:
     """``/v1/chat/completions``: finish reason in a choice, spec stats in ``sglext``, counts in usage."""
-    usage: dict = {}
-    spec: dict = {}
+    usage: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
     finish: str | None = None
     for obj in objects:
         if isinstance(obj.get("usage"), dict):
@@ -159,7 +160,7 @@ def _finish_type(reason: object) -> str | None:
     return reason if isinstance(reason, str) else None
 
 
-def _stats_from(counts: dict, spec: dict, finish: str | None) -> FinalStats:
+def _stats_from(counts: dict[str, Any], spec: dict[str, Any], finish: str | None) -> FinalStats:
     """FinalStats from the object with token counts and the one with ``spec_*`` fields."""
     verify_ct = spec.get(api.SPEC_VERIFY_CT) or None  # SGLang's sglext reports 0 when not speculating
     return FinalStats(

@@ -48,7 +48,7 @@ class StampingConnector(aiohttp.TCPConnector):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._factory = functools.partial(StampingProtocol, loop=asyncio.get_running_loop())
+        self._factory = functools.partial(StampingProtocol, loop=asyncio.get_running_loop())  # type: ignore[assignment]
 
 
 class StampedBody:

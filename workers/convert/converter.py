@@ -28,7 +28,7 @@ from typing import Any
 import xxhash
 
 from specsweep.errors import ConversionError
-from workers.checkpoint_source import (
+from workers.convert.checkpoint_source import (
     CONFIG_FILE,
     SAFETENSORS_INDEX,
     CheckpointSource,
@@ -36,17 +36,9 @@ from workers.checkpoint_source import (
     open_checkpoint,
     read_json,
 )
-from workers.conversion_report import (
-    REPORT_FILE,
-    CheckResult,
-    ConversionReport,
-    DroppedKey,
-    SourceFile,
-    TensorRecord,
-)
-from workers.eagle3_format import (
+from workers.convert.eagle3_format import (
     Detection,
-    Layout,
+    LayerNaming,
     NormalisedConfig,
     Problem,
     SourceFormat,
@@ -60,15 +52,23 @@ from workers.eagle3_format import (
     normalise_config,
     output_name,
 )
-from workers.safetensors_stream import (
+from workers.convert.report import (
+    REPORT_FILE,
+    CheckResult,
+    ConversionReport,
+    DroppedKey,
+    SourceFile,
+    TensorRecord,
+)
+from workers.convert.safetensors_stream import (
     OutputTensor,
     encode_header,
     iter_mapped,
     read_header,
     write_all,
 )
-from workers.tensor_copy import TensorOutcome, TensorTask, copy_and_hash
-from workers.tensor_values import FLOAT_DTYPES
+from workers.convert.tensor_copy import TensorOutcome, TensorTask, copy_and_hash
+from workers.convert.tensor_values import FLOAT_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class ConvertOptions:
 
     source_format: SourceFormat | None = None
     target_config: Path | None = None
-    layout: Layout = Layout.MIDLAYER
+    layout: LayerNaming = LayerNaming.MIDLAYER
     allow_pickle: bool = False
     force: bool = False
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES

@@ -6,7 +6,7 @@ written. The load generator reads them through its normal request path; arrival 
 what the client (event loop, aiohttp, kernel loopback) adds to every chunk it times. On Linux
 ``perf_counter_ns`` is CLOCK_MONOTONIC, one clock for every process on the host.
 
-Run ``python -m workers.calibration`` to start the endpoint alone; it prints its port on stdout.
+Run ``python -m workers.load.calibration`` to start the endpoint alone; it prints its port on stdout.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LoopbackServer:
 
     def __enter__(self) -> LoopbackServer:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "workers.calibration"],
+            [sys.executable, "-m", "workers.load.calibration"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,

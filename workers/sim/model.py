@@ -1,6 +1,6 @@
 """Performance model of the simulated SGLang server, and its ground truth.
 
-The simulated server (``workers.sim_server``) runs this model in real time; the search and the tests call
+The simulated server (``workers.sim.server``) runs this model in real time; the search and the tests call
 the same functions to know, without running anything, which speculative config is truly best for a load.
 Pure functions and frozen data only: no I/O, no clocks, no randomness except through a passed-in RNG.
 
@@ -93,13 +93,14 @@ class DraftShape:
         """The shape of an effective (resolved) config; None when speculative decoding is off."""
         if spec.speculative_algorithm is None:
             return None
-        if None in (
+        steps, topk, draft = (
             spec.speculative_num_steps,
             spec.speculative_eagle_topk,
             spec.speculative_num_draft_tokens,
-        ):
+        )
+        if steps is None or topk is None or draft is None:
             raise ValueError(f"speculative config is not resolved: {spec}")
-        return cls(spec.speculative_num_steps, spec.speculative_eagle_topk, spec.speculative_num_draft_tokens)
+        return cls(steps, topk, draft)
 
 
 @dataclass(frozen=True, slots=True)

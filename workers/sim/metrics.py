@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from workers.sglang import SpecParams, api
 
 if TYPE_CHECKING:
-    from workers.sim_engine import SimEngine, SimRequest
+    from workers.sim.engine import SimEngine, SimRequest
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160)
 ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2)

@@ -11,11 +11,11 @@ the warmup requests (not recorded; then ``/flush_cache`` when asked), and runs o
 
 Each process has ONE aiohttp session whose pool is sized to the streams it drives and filled (one
 connection per stream) before the clock starts. Timestamps are ``perf_counter_ns`` taken as each socket
-read comes in, before aiohttp or we parse it (``workers.socket_stamps``), so a busy loop does not date
-chunks late; parsing is then kept to two integers a chunk (``workers.sse``, ``workers.sglang_stream``).
+read comes in, before aiohttp or we parse it (``workers.load.socket_stamps``), so a busy loop does not date
+chunks late; parsing is then kept to two integers a chunk (``workers.load.sse``, ``workers.load.stream``).
 Failed, timed-out and cut-off requests are records with an ``error_type``; nothing is dropped. When one
 process cannot keep up (``processes``, automatic by concurrency), shard
-processes (``python -m workers.loadgen``) start together on one clock and their records are merged.
+processes (``python -m workers.load.generator``) start together on one clock and their records are merged.
 """
 
 from __future__ import annotations
@@ -35,19 +35,20 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import TypeAdapter
 
 from analysis.schema import RequestRecord, requests_table, write_parquet_atomic
-from workers.calibration import ClientDelay, LoopbackServer, loopback_body
+from workers.job import LoadLevel
+from workers.load.calibration import ClientDelay, LoopbackServer, loopback_body
+from workers.load.socket_stamps import StampedBody, StampingConnector
+from workers.load.sse import SSEDecoder, SSEFormatError
+from workers.load.stream import FinalStats, ResponseStream, StreamError
+from workers.load.workloads import PreparedRequest, Workload, request_stream
 from workers.sglang import api
-from workers.sglang_stream import FinalStats, ResponseStream, StreamError
-from workers.socket_stamps import StampedBody, StampingConnector
-from workers.sse import SSEDecoder, SSEFormatError
-from workers.workloads import PreparedRequest, Workload, request_stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,57 +66,6 @@ _ERROR_BODY_BYTES = 2048
 _PRECONNECT_TIMEOUT = aiohttp.ClientTimeout(total=10)
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _WORKLOAD_ADAPTER: TypeAdapter[Workload] = TypeAdapter(Workload)
-
-
-class LoadLevel(BaseModel):
-    """One load level: closed loop (``concurrency``) or open loop (``rate_rps``), for a count or a time."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    concurrency: int | None = Field(default=None, ge=1, description="Closed loop: requests kept in flight.")
-    rate_rps: float | None = Field(default=None, gt=0, description="Open loop: target requests per second.")
-    arrival: Literal["poisson", "constant"] = Field(
-        default="poisson", description="Open loop arrival process."
-    )
-    max_concurrency: int | None = Field(
-        default=None, ge=1, description="Open loop: at most this many in flight (sends wait, and are late)."
-    )
-    requests: int | None = Field(default=None, ge=1, description="Measured requests to send.")
-    duration_s: float | None = Field(default=None, gt=0, description="Seconds to keep sending.")
-    warmup_requests: int = Field(default=0, ge=0, description="Unrecorded requests sent before measuring.")
-    flush_cache: bool = Field(
-        default=False, description="POST /flush_cache after warmup, so server-side averages exclude it."
-    )
-    request_timeout_s: float = Field(default=600.0, gt=0, description="Whole-request timeout.")
-    drain_s: float = Field(
-        default=60.0,
-        ge=0,
-        description="After a duration ends, seconds in-flight requests get before cut-off.",
-    )
-    processes: int | None = Field(
-        default=None, ge=1, description="Client processes; null = automatic by concurrency."
-    )
-    seed: int = Field(default=0, description="Seed of the arrival schedule.")
-
-    @model_validator(mode="after")
-    def _check_shape(self) -> LoadLevel:
-        if (self.concurrency is None) == (self.rate_rps is None):
-            raise ValueError("give exactly one of concurrency (closed loop) or rate_rps (open loop)")
-        if (self.requests is None) == (self.duration_s is None):
-            raise ValueError("give exactly one of requests or duration_s")
-        if self.max_concurrency is not None and self.rate_rps is None:
-            raise ValueError("max_concurrency caps an open loop; with concurrency it has no meaning")
-        return self
-
-    @property
-    def label(self) -> str:
-        """The ``load_level`` column value: ``concurrency=64`` or ``rate=12.5``."""
-        return f"concurrency={self.concurrency}" if self.concurrency else f"rate={self.rate_rps:g}"
-
-    @property
-    def streams(self) -> int | None:
-        """Most requests in flight at once, when bounded."""
-        return self.concurrency or self.max_concurrency
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +148,8 @@ async def _send(
         async with session.post(ctx.base_url + prep.endpoint, data=prep.body, headers=_HEADERS) as resp:
             status = resp.status
             if status != 200:
-                body = await resp.content.read(_ERROR_BODY_BYTES)
-                error = ("http_error", f"HTTP {status}: {body.decode('utf-8', 'replace').strip()}")
+                text = await resp.content.read(_ERROR_BODY_BYTES)
+                error = ("http_error", f"HTTP {status}: {text.decode('utf-8', 'replace').strip()}")
             else:
                 content = resp.content
                 body = StampedBody(resp)
@@ -736,7 +686,7 @@ def _run_shard_processes(
                 "out": str(Path(tmp) / f"part-{index}.parquet"),
             }
             child = subprocess.Popen(
-                [sys.executable, "-m", "workers.loadgen"],
+                [sys.executable, "-m", "workers.load.generator"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

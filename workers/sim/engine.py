@@ -1,4 +1,4 @@
-"""The simulated server's scheduler: continuous batching in real time, driven by ``workers.sim_model``.
+"""The simulated server's scheduler: continuous batching in real time, driven by ``workers.sim.model``.
 
 One asyncio task runs the loop SGLang's scheduler runs: admit waiting requests (one prefill iteration,
 which yields each one's first token), otherwise run one decode iteration over every running request (one
@@ -20,9 +20,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from workers.sim_faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line
-from workers.sim_model import (
+from workers.sim.faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line
+from workers.sim.model import (
     DraftShape,
     SimProfile,
     admissions,
@@ -31,7 +32,7 @@ from workers.sim_model import (
     prefill_seconds,
     sample_accepted_drafts,
 )
-from workers.sim_settings import FaultMode, SimSettings
+from workers.sim.settings import FaultMode, SimSettings
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class Progress:
 
     completion_tokens: int
     text: str  # cumulative
-    finish_reason: dict | None
+    finish_reason: dict[str, Any] | None
     scheduled_ns: int  # the iteration's deadline, on time.perf_counter_ns()'s clock
 
 
@@ -75,7 +76,7 @@ class SimRequest:
     received_ns: int = field(default_factory=time.perf_counter_ns)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: dict | None = None
+    finish_reason: dict[str, Any] | None = None
     verify_ct: int = 0
     correct_drafts: int = 0
     histogram: list[int] = field(default_factory=list)
@@ -321,6 +322,7 @@ class SimEngine:
         request.last_token_ns = scheduled_ns
         self.last_output_ns = scheduled_ns
         self._output.set()
+        assert request.sink is not None  # set in __post_init__
         request.sink(Progress(len(request.output_ids), request.text, request.finish_reason, scheduled_ns))
         if request.finish_reason is not None and self.on_finish is not None:
             self.on_finish(request)

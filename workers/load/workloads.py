@@ -152,7 +152,7 @@ def _prompt_of(line: str, where: str) -> str:
     except json.JSONDecodeError as err:
         raise WorkloadError(f"not JSON: {err.msg}", where=where, fix=fix) from None
     if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-        return obj["prompt"]
+        return str(obj["prompt"])
     turns = obj.get("conversations") if isinstance(obj, dict) else None
     if isinstance(turns, list):
         for turn in turns:

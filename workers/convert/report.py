@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.eagle3_format import Layout, SourceFormat
+from workers.convert.eagle3_format import LayerNaming, SourceFormat
 
 REPORT_SCHEMA_VERSION = 1
 REPORT_FILE = "conversion.json"
@@ -72,7 +72,7 @@ class ConversionReport(_Strict):
     destination: str = Field(description="absolute output directory")
     source_format: SourceFormat = Field(description="detected (or given) input format")
     detection: str = Field(description="why that format: the evidence, or 'given with --from'")
-    layout: Layout = Field(description="output key layout for the draft layer")
+    layout: LayerNaming = Field(description="output key layout for the draft layer")
     source_files: list[SourceFile] = Field(description="every input file read, with its hash")
     source_digest: str = Field(description="XXH3-128 over the source files' paths and digests")
     target_config_digest: str | None = Field(

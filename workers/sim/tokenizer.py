@@ -1,7 +1,7 @@
 """A tiny word-level tokenizer over the simulator's vocabulary, for SGLang's own benchmark client.
 
 ``sglang.benchmark.serving`` needs a Hugging Face tokenizer directory. This one maps token id i to
-``workers.sim_engine.TOKEN_WORDS[i]`` and splits on whitespace, so prompts it builds from random ids and
+``workers.sim.engine.TOKEN_WORDS[i]`` and splits on whitespace, so prompts it builds from random ids and
 the text the simulator streams back tokenize to exactly the counts both sides report. Written at test time
 with the stdlib (the format is plain JSON), so it can never drift from the simulator's word list.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workers.sim_engine import EOS_TOKEN_ID, TOKEN_WORDS
+from workers.sim.engine import EOS_TOKEN_ID, TOKEN_WORDS
 
 
 def write_word_tokenizer(directory: Path) -> Path:

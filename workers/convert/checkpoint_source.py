@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from specsweep.errors import ConversionError
-from workers.safetensors_stream import (
+from workers.convert.safetensors_stream import (
     CHUNK_BYTES,
     DTYPE_SIZES,
     SafetensorsHeader,

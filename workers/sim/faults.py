@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from workers.sim_settings import FaultMode
+from workers.sim.settings import FaultMode
 
 _SCHEDULER_FRAME = (
     '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 6367, '

@@ -1,16 +1,9 @@
-"""Simulated SGLang 0.5.23 server: the engine behind the demo and the tests (no GPU needed).
+"""The simulated SGLang 0.5.23 server's HTTP app: SGLang's routes, bodies and streaming shapes.
 
-Starts exactly like SGLang: ``python -m workers.sim_server <the arguments of python -m sglang.launch_server>``.
-The launch command is parsed and resolved by ``workers.sglang`` (unknown flag: SGLang's usage text, exit
-2; a resolution error SGLang raises: its traceback, exit 1); the effective config (num-draft-tokens
-rewritten under topk 1, max_running_requests 48, architecture defaults) is what it serves and reports in
-``/server_info``. Speed and acceptance come from ``workers.sim_model`` run in real time by
-``workers.sim_engine``; every endpoint path and field name comes from ``workers.sglang.api``.
-
-Knobs SGLang does not have are environment variables (``workers.sim_settings``; docs/sim_server.md):
-``SPECSWEEP_SIM_PROFILE``, ``SPECSWEEP_SIM_TIME_SCALE``, ``SPECSWEEP_SIM_SEED``,
-``SPECSWEEP_SIM_LOAD_DELAY_S``, ``SPECSWEEP_SIM_FAULT`` (+ ``_AFTER``, ``_EVERY``), and SGLang's own
-``SGLANG_HEALTH_CHECK_TIMEOUT``.
+Speed and acceptance come from ``workers.sim.model`` run in real time by ``workers.sim.engine``; every
+endpoint path and field name comes from ``workers.sglang.api``; the OpenAI-shaped bodies from
+``workers.sim.responses``. The process entry point is ``python -m workers.sim`` (``workers/sim/__main__.py``),
+with the same arguments as ``python -m sglang.launch_server``; the launch is resolved by ``workers.sim.launch``.
 
 Every streamed chunk carries two extra fields real clients ignore (in ``meta_info`` on ``/generate``, at
 the top level on the OpenAI routes): ``sim_scheduled_ns``, the deadline of the iteration that produced it,
@@ -24,40 +17,29 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from specsweep.errors import SpecsweepError
-from workers.sglang import (
-    SGLANG_VERSION,
-    ArgvError,
-    SpecParams,
-    api,
-    builtin_resolve,
-    failures,
-    parse_launch_args,
+from workers.sglang import SGLANG_VERSION, api
+from workers.sim.engine import Progress, SimEngine, SimRequest
+from workers.sim.faults import READY_LINE, log_line
+from workers.sim.launch import ServedConfig
+from workers.sim.metrics import SimMetrics
+from workers.sim.responses import (
+    OpenAIForm,
+    error_response,
+    json_response,
+    token_texts,
+    usage,
+    write_event,
 )
-from workers.sglang.rules import Resolution, read_model_config
-from workers.sim_engine import EOS_TOKEN_ID, TOKEN_WORDS, Progress, SimEngine, SimRequest
-from workers.sim_faults import READY_LINE, STARTUP_TRACEBACKS, die_like_sglang, log_line
-from workers.sim_metrics import SimMetrics
-from workers.sim_model import DraftShape
-from workers.sim_settings import FaultMode, SimSettings, SimSettingsError, settings_from_env
+from workers.sim.settings import FaultMode, SimSettings
 
 logger = logging.getLogger(__name__)
 
@@ -66,117 +48,6 @@ DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI completions default, as SGLang's CompletionRequest
 _SSE_DONE = api.SSE_DATA_PREFIX + api.SSE_DONE + b"\n\n"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-class LaunchRefused(SpecsweepError):
-    """SGLang would stop on this launch before serving; ``text`` is what it prints."""
-
-    def __init__(self, text: str, *, exit_code: int) -> None:
-        super().__init__(text.strip().splitlines()[-1])
-        self.text = text
-        self.exit_code = exit_code
-
-
-@dataclass(frozen=True)
-class ServedConfig:
-    """What the simulated server runs: the resolved launch plus what it reports about the model."""
-
-    resolved_args: dict[str, Any]  # every flag, speculative ones as resolved: /server_info's body
-    spec: SpecParams
-    shape: DraftShape | None
-    drafts_always_rejected: bool  # EAGLE with an EAGLE3 draft: SGLang runs it, acceptance is exactly 1
-    load_crash: str | None  # the traceback SGLang dies with while loading, if this launch cannot load
-    draft_tokens_rewritten: bool  # topk 1 changed the requested num-draft-tokens (SGLang logs a warning)
-    model_path: str
-    served_model_name: str
-    target_config: dict[str, Any]
-
-    @property
-    def context_length(self) -> int:
-        given = self.resolved_args.get("context_length")
-        return int(given or self.target_config.get("max_position_embeddings") or 131072)
-
-
-def _resolution_traceback(exception_line: str) -> str:
-    """The uncaught-exception text SGLang's launch_server prints when resolution raises."""
-    return (
-        "Traceback (most recent call last):\n"
-        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
-        '  File "<frozen runpy>", line 88, in _run_code\n'
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py", line 83, in <module>\n'
-        "    server_args = prepare_server_args(sys.argv[1:])\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/server_args.py", line 412, '
-        "in prepare_server_args\n    server_args.resolve_once()\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/arg_groups/speculative_hook.py", '
-        "line 188, in resolve_speculative\n"
-        f"{exception_line}\n"
-    )
-
-
-def _refusal(res: Resolution) -> LaunchRefused | None:
-    """The resolution error SGLang itself raises for this launch, if any."""
-    for finding in res.errors:
-        if finding.code == "incomplete_triple":
-            requested = res.launch
-            if requested.get(api.SPEC_NUM_STEPS) is None:
-                line = "AssertionError"
-            elif requested.get(api.SPEC_EAGLE_TOPK) is None:
-                line = "TypeError: '>' not supported between instances of 'NoneType' and 'int'"
-            else:
-                continue  # topk > 1 without draft tokens: SGLang resolves it (and fails later)
-            return LaunchRefused(_resolution_traceback(line), exit_code=1)
-        template = failures.RESOLVE_EXCEPTIONS.get(finding.code)
-        if template is not None:
-            line = template.format(
-                algorithm=res.launch.get(api.SPEC_ALGORITHM),
-                attention_backend=res.launch.get("attention_backend"),
-                message=finding.message,
-            )
-            return LaunchRefused(_resolution_traceback(line), exit_code=1)
-    return None
-
-
-def _load_crash(res: Resolution) -> str | None:
-    for finding in res.errors:
-        if finding.code in failures.LOAD_CRASH_CODES:
-            return (
-                "Traceback (most recent call last):\n"
-                '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", '
-                "line 6367, in run_scheduler_process\n    scheduler = Scheduler(server_args, port_args)\n"
-                f"RuntimeError: {finding.message}\n"
-            )
-    return None
-
-
-def resolve_launch(argv: Sequence[str]) -> ServedConfig:
-    """Parse and resolve a launch command as SGLang 0.5.23 would; raises ArgvError or LaunchRefused."""
-    launch = parse_launch_args(list(argv))
-    res = builtin_resolve(launch)
-    refusal = _refusal(res)
-    if refusal is not None:
-        raise refusal
-    spec = (
-        res.effective
-        if res.effective.speculative_algorithm
-        else SpecParams(max_running_requests=launch.get(api.MAX_RUNNING_REQUESTS))
-    )
-    resolved = dict(launch.values)
-    resolved.update(spec.as_dict())
-    if spec.speculative_algorithm:
-        resolved[api.SPEC_DRAFT_MODEL_PATH] = res.draft_path
-    model_path = str(launch.get("model_path"))
-    return ServedConfig(
-        resolved_args=resolved,
-        spec=spec,
-        shape=DraftShape.from_spec(spec),
-        drafts_always_rejected=any(f.code == "eagle3_draft_with_eagle" for f in res.errors),
-        load_crash=_load_crash(res),
-        draft_tokens_rewritten=launch.get(api.SPEC_NUM_DRAFT_TOKENS)
-        not in (None, spec.speculative_num_draft_tokens),
-        model_path=model_path,
-        served_model_name=launch.get("served_model_name") or model_path,
-        target_config=read_model_config(model_path) or {},
-    )
 
 
 # --- request parsing ------------------------------------------------------------------------------------
@@ -334,7 +205,7 @@ class SimServer:
 
     async def model_info(self, request: web.Request) -> web.Response:
         cfg = self.config
-        return _json_response(
+        return json_response(
             {
                 "model_path": cfg.model_path,
                 "served_model_name": cfg.served_model_name,
@@ -375,7 +246,7 @@ class SimServer:
                 "seed": self.settings.seed,
             },
         }
-        return _json_response(body)
+        return json_response(body)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         """SGLang's flush: 400 while requests run, unless they finish within the ``timeout`` query value."""
@@ -383,7 +254,7 @@ class SimServer:
         try:
             deadline = time.monotonic() + max(float(request.query.get("timeout", 0.0)), 0.0)
         except ValueError:
-            return _error_response("timeout must be a number", "BadRequestError", 400)
+            return error_response("timeout must be a number", "BadRequestError", 400)
         while not engine.is_idle() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if engine.flush_cache():
@@ -394,7 +265,7 @@ class SimServer:
         return web.Response(status=400, text="Flush cache failed.\n")
 
     async def models(self, request: web.Request) -> web.Response:
-        return _json_response(
+        return json_response(
             {
                 "object": "list",
                 "data": [
@@ -427,7 +298,7 @@ class SimServer:
         if next(self._http_requests) % self.settings.fault_every:
             return None
         logger.error("simulated fault: internal server error")
-        return _error_response("Internal server error (simulated fault)", "InternalServerError", 500)
+        return error_response("Internal server error (simulated fault)", "InternalServerError", 500)
 
     async def _read_json(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -472,11 +343,11 @@ class SimServer:
             )
             sim_request = self._new_request(prompt, params, body.get("rid"))
         except BadRequest as exc:
-            return _error_response(str(exc), "BadRequestError", 400)
+            return error_response(str(exc), "BadRequestError", 400)
         if not body.get("stream"):
             self._engine().submit(sim_request)
             progress = await self._until_finished(sim_request)
-            return _json_response(
+            return json_response(
                 self._generate_chunk(sim_request, progress, incremental=False, sent_tokens=0)
             )
         response = web.StreamResponse(headers=_SSE_HEADERS)
@@ -507,7 +378,7 @@ class SimServer:
         n = progress.completion_tokens
         meta = self._meta_info(req, progress)
         if incremental:
-            text = "".join(_token_texts(req.output_ids[sent_tokens:n]))
+            text = "".join(token_texts(req.output_ids[sent_tokens:n]))
             return {"text": text, "output_ids": req.output_ids[sent_tokens:n], "meta_info": meta}
         return {"text": progress.text, "output_ids": req.output_ids[:n], "meta_info": meta}
 
@@ -565,9 +436,9 @@ class SimServer:
             params = GenerationParams.parse(body, default_max=default_max, max_key=max_key)
             sim_request = self._new_request(prompt, params, None)
         except BadRequest as exc:
-            return _error_response(str(exc), "BadRequestError", 400)
+            return error_response(str(exc), "BadRequestError", 400)
         self._engine().submit(sim_request)
-        stream_form = _OpenAIForm(
+        stream_form = OpenAIForm(
             chat=chat,
             model=str(body.get("model") or self.config.served_model_name),
             rid=sim_request.rid,
@@ -575,7 +446,7 @@ class SimServer:
         )
         if not body.get("stream"):
             progress = await self._until_finished(sim_request)
-            return _json_response(
+            return json_response(
                 stream_form.full_response(progress, sim_request, self._spec_details(sim_request, progress))
             )
         options = body.get("stream_options") or {}
@@ -583,23 +454,23 @@ class SimServer:
         await response.prepare(request)
         try:
             if chat:
-                await _write_event(response, stream_form.role_chunk())
+                await write_event(response, stream_form.role_chunk())
             sent_chars = 0
             while True:
                 progress = await sim_request.updates.get()
-                usage = _usage(sim_request, progress) if options.get("continuous_usage_stats") else None
-                chunk = stream_form.delta_chunk(progress.text[sent_chars:], usage)
+                running = usage(sim_request, progress) if options.get("continuous_usage_stats") else None
+                chunk = stream_form.delta_chunk(progress.text[sent_chars:], running)
                 sent_chars = len(progress.text)
                 chunk[api.SIM_SCHEDULED_NS] = progress.scheduled_ns
-                await _write_event(response, chunk)
+                await write_event(response, chunk)
                 if progress.finish_reason is not None:
                     break
-            await _write_event(response, stream_form.finish_chunk(progress.finish_reason))
+            await write_event(response, stream_form.finish_chunk(progress.finish_reason))
             details = self._spec_details(sim_request, progress)
             if stream_form.details and details:
-                await _write_event(response, stream_form.sglext_chunk(details))
+                await write_event(response, stream_form.sglext_chunk(details))
             if options.get("include_usage"):
-                await _write_event(response, stream_form.usage_chunk(_usage(sim_request, progress)))
+                await write_event(response, stream_form.usage_chunk(usage(sim_request, progress)))
             await response.write(_SSE_DONE)
         except (ConnectionResetError, asyncio.CancelledError):
             self._engine().abort(sim_request)
@@ -653,330 +524,3 @@ class _GenerateStream:
 def _chunked(data: bytes) -> bytes:
     """One HTTP/1.1 chunk (Transfer-Encoding: chunked) carrying ``data``."""
     return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-@dataclass(frozen=True)
-class _OpenAIForm:
-    """Builds the OpenAI-shaped objects (chat or text completion) SGLang's serving layer emits."""
-
-    chat: bool
-    model: str
-    rid: str
-    details: bool
-
-    def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return {
-            "id": self.rid,
-            "object": kind,
-            "created": int(time.time()),
-            "model": self.model,
-            "choices": choices,
-            **extra,
-        }
-
-    def role_chunk(self) -> dict[str, Any]:
-        delta = {"reasoning_content": None, "role": "assistant", "content": ""}
-        return self._envelope([_stream_choice(delta=delta)])
-
-    def delta_chunk(self, text: str, usage: dict[str, Any] | None) -> dict[str, Any]:
-        extra = {"usage": usage} if usage else {}
-        if self.chat:
-            return self._envelope(
-                [_stream_choice(delta={"reasoning_content": None, "content": text})], **extra
-            )
-        return self._envelope([_stream_choice(text=text)], **extra)
-
-    def finish_chunk(self, finish_reason: dict[str, Any] | None) -> dict[str, Any]:
-        kind, matched = _finish(finish_reason)
-        if self.chat:
-            return self._envelope(
-                [_stream_choice(delta={"reasoning_content": None}, finish=kind, matched=matched)]
-            )
-        return self._envelope([_stream_choice(text="", finish=kind, matched=matched)])
-
-    def sglext_chunk(self, details: dict[str, Any]) -> dict[str, Any]:
-        return self._envelope([], usage=None, **{api.SGLEXT: _sglext(details)})
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        return self._envelope([], usage=usage)
-
-    def full_response(self, progress: Progress, req: SimRequest, details: dict[str, Any]) -> dict[str, Any]:
-        kind, matched = _finish(progress.finish_reason)
-        if self.chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": progress.text, "reasoning_content": None},
-                "logprobs": None,
-                "finish_reason": kind,
-                "matched_stop": matched,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": progress.text,
-                "logprobs": None,
-                "finish_reason": kind,
-                "matched_stop": matched,
-            }
-        body = self._envelope([choice], usage=_usage(req, progress), metadata=None)
-        body["object"] = "chat.completion" if self.chat else "text_completion"
-        if self.details and details:
-            body[api.SGLEXT] = _sglext(details)
-        return body
-
-
-def _stream_choice(
-    *,
-    delta: dict[str, Any] | None = None,
-    text: str | None = None,
-    finish: str | None = None,
-    matched: Any = None,
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0}
-    if delta is not None:
-        choice["delta"] = delta
-    if text is not None:
-        choice["text"] = text
-    choice.update({"logprobs": None, "finish_reason": finish, "matched_stop": matched})
-    return choice
-
-
-def _finish(finish_reason: dict[str, Any] | None) -> tuple[str | None, Any]:
-    if finish_reason is None:
-        return None, None
-    return finish_reason["type"], finish_reason.get("matched")
-
-
-def _usage(req: SimRequest, progress: Progress) -> dict[str, Any]:
-    return {
-        "prompt_tokens": req.prompt_tokens,
-        "total_tokens": req.prompt_tokens + progress.completion_tokens,
-        "completion_tokens": progress.completion_tokens,
-        "prompt_tokens_details": None,
-        "reasoning_tokens": 0,
-        "completion_tokens_details": None,
-    }
-
-
-def _sglext(details: dict[str, Any]) -> dict[str, Any]:
-    spec = {
-        "spec_accept_rate": details[api.SPEC_ACCEPT_RATE],
-        "spec_accept_length": details[api.SPEC_ACCEPT_LENGTH],
-        "spec_cap_length": 0.0,
-        "spec_block_accept_length": 0.0,
-        "spec_num_correct_drafts": details[api.SPEC_NUM_CORRECT_DRAFTS],
-        "spec_num_proposed_drafts": details[api.SPEC_NUM_PROPOSED_DRAFTS],
-        "spec_verify_ct": details[api.SPEC_VERIFY_CT],
-        "spec_correct_drafts_histogram": details[api.SPEC_CORRECT_DRAFTS_HISTOGRAM],
-        "spec_cap_lens_histogram": [],
-    }
-    return {
-        "routed_experts": None,
-        "cached_tokens_details": None,
-        api.SPEC_TOKENS_DETAILS: spec,
-        "input_ids": None,
-        "output_ids": None,
-    }
-
-
-def _token_texts(ids: list[int]) -> Iterator[str]:
-    for token in ids:
-        if token != EOS_TOKEN_ID:
-            yield " " + TOKEN_WORDS[token]
-
-
-async def _write_event(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
-    chunk[api.SIM_SEND_NS] = time.perf_counter_ns()
-    await response.write(api.SSE_DATA_PREFIX + orjson.dumps(chunk) + b"\n\n")
-
-
-def _json_response(body: dict[str, Any], status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-def _error_response(message: str, kind: str, status: int) -> web.Response:
-    return _json_response(
-        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status
-    )
-
-
-# --- process entry --------------------------------------------------------------------------------------
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, str(level).upper(), logging.INFO),
-        format="%(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-
-
-async def _serve(server: SimServer, host: str, port: int) -> None:
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=server.settings.reuse_port or None)
-    await site.start()
-    logger.info("INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
-    server.begin_loading()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m workers.sim_server <sglang launch_server args>``; returns SGLang's exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        config = resolve_launch(argv)
-    except ArgvError as err:
-        sys.stderr.write(err.usage_text())
-        return 2
-    except LaunchRefused as refused:
-        sys.stderr.write(refused.text)
-        return refused.exit_code
-    try:
-        settings = settings_from_env()
-    except SimSettingsError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return 2
-    _configure_logging(config.resolved_args.get("log_level") or "info")
-    logger.info(log_line(f"server_args={config.resolved_args}"))
-    if config.draft_tokens_rewritten:
-        logger.warning(
-            log_line(
-                "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-                "speculative_eagle_topk == 1"
-            )
-        )
-    startup_crash = STARTUP_TRACEBACKS.get(settings.fault) or config.load_crash
-    if startup_crash is not None:
-        time.sleep(settings.load_delay_s)
-        die_like_sglang(startup_crash, starting=True)
-    host = str(config.resolved_args.get("host") or "127.0.0.1")
-    port = int(config.resolved_args.get("port") or 30000)
-    _event_loop_runner()(_serve(SimServer(config, settings), host, port))
-    return 0
-
-
-def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
-    """uvloop's runner when installed (SGLang serves on uvloop too), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run
-    return uvloop.run
-
-
-# --- starting it from Python (tests, demo, other modules) -----------------------------------------------
-class SimServerStartError(SpecsweepError):
-    """The simulated server exited or never became healthy."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class SimServerHandle:
-    """A running simulated server process (its own process group) and where to reach it."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    port: int
-    log_path: Path
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        """Poll /health until 200; raise with the log tail if the process dies or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SimServerStartError(
-                    f"simulated server exited with {self.process.returncode}:\n{self.log_text()[-3000:]}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + api.HEALTH, timeout=5) as reply:
-                    if reply.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        raise SimServerStartError(
-            f"simulated server not healthy after {timeout_s} s:\n{self.log_text()[-3000:]}"
-        )
-
-    def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL it if it lingers."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=5)
-
-
-@contextlib.contextmanager
-def start_sim_server(
-    args: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    wait_healthy: bool = True,
-    timeout_s: float = 30.0,
-    log_path: Path | None = None,
-) -> Iterator[SimServerHandle]:
-    """Run ``python -m workers.sim_server args`` on a free 127.0.0.1 port; kill its group on exit.
-
-    ``env`` is added to this process's environment (the SPECSWEEP_SIM_* knobs). The server's stdout and
-    stderr go to ``log_path`` (by default a temporary file, removed on exit).
-    """
-    args = list(args)
-    port = free_port()
-    if "--port" not in args:
-        args += ["--port", str(port)]
-    else:
-        port = int(args[args.index("--port") + 1])
-    if "--host" not in args:
-        args += ["--host", "127.0.0.1"]
-    owns_log = log_path is None
-    if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="sim-server-", suffix=".log")
-        os.close(fd)
-        log_path = Path(name)
-    full_env = {**os.environ, **(env or {})}
-    repo_root = str(Path(__file__).resolve().parent.parent)
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, full_env.get("PYTHONPATH")) if p)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "workers.sim_server", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            start_new_session=True,
-        )
-    handle = SimServerHandle(process=process, url=f"http://127.0.0.1:{port}", port=port, log_path=log_path)
-    try:
-        if wait_healthy:
-            handle.wait_healthy(timeout_s)
-        yield handle
-    finally:
-        handle.stop()
-        if owns_log:
-            log_path.unlink(missing_ok=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ A server that starts on GPUs another process still holds either fails with an ou
 after minutes of loading or, worse, runs slower and skews the measurement. NVML (nvidia-ml-py) lists
 the processes holding memory on each GPU; on a node without an NVIDIA driver the GPU check is skipped.
 
-Standalone: ``python -m workers.preflight [--gpus 0,1,...]`` prints who holds GPU memory and exits 1
+Standalone: ``python -m workers.node.preflight [--gpus 0,1,...]`` prints who holds GPU memory and exits 1
 when a GPU is busy, 0 when all are idle (or when there is no NVIDIA driver: it says "skipped").
 """
 
@@ -110,12 +110,13 @@ def pick_free_port(host: str) -> int:
     """A port the OS says is free on ``host`` (the server binds it moments later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.preflight", description="Which processes hold memory on this node's GPUs."
+        prog="python -m workers.node.preflight",
+        description="Which processes hold memory on this node's GPUs.",
     )
     parser.add_argument("--gpus", help="comma-separated GPU indices (default: all)")
     args = parser.parse_args(argv)

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from workers.eagle3_format import LAYER_PARTS, SourceFormat
-from workers.safetensors_stream import DTYPE_SIZES, OutputTensor, encode_header, write_all
+from workers.convert.eagle3_format import LAYER_PARTS, SourceFormat
+from workers.convert.safetensors_stream import DTYPE_SIZES, OutputTensor, encode_header, write_all
 
 _CHUNK_ELEMENTS = 4 << 20
 _NUMPY = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "BOOL": np.bool_}
@@ -223,7 +223,7 @@ def write_checkpoint(
         _write_safetensors(checkpoint, names, root / "model.safetensors")
         return root
     groups = [names[i::shards] for i in range(shards)]
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for number, group in enumerate(groups, 1):
         file_name = f"model-{number:05d}-of-{shards:05d}.safetensors"
         _write_safetensors(checkpoint, group, root / file_name)
@@ -244,7 +244,7 @@ def _write_safetensors(checkpoint: FixtureCheckpoint, names: list[str], path: Pa
         write_all(fd, memoryview(header))
         for tensor in tensors:
             for chunk in tensor_bytes(tensor):
-                write_all(fd, memoryview(chunk).cast("B"))
+                write_all(fd, memoryview(chunk).cast("B"))  # type: ignore[arg-type]
     finally:
         os.close(fd)
 
