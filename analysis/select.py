@@ -472,7 +472,7 @@ def _ratio(config: Any, baseline: Any, metric: Metric) -> Any:
 def _point_ratio(config: float, baseline: float, metric: Metric) -> float | None:
     """The speedup of point values; null when its denominator is 0 (e.g. a baseline with no goodput)."""
     denominator = config if metric.better == "lower" else baseline
-    return _ratio(config, baseline, metric) if denominator != 0 else None  # type: ignore[no-any-return]
+    return _ratio(config, baseline, metric) if denominator != 0 else None
 
 
 def _speedup_interval(
@@ -553,14 +553,16 @@ class _Resampler:
         """Per closed-loop (job, level): per (latency, value) cell, request count, sum of values, sum of e2e.
 
         Cells are log-scale, ``CELLS_PER_OCTAVE`` per doubling of latency and of value: one GROUP BY pass
-        over the requests, no per-level bounds to join back.
+        over the requests, no per-level bounds to join back. Cells come in a fixed order, so a seed
+        reproduces the intervals.
         """
         if self._bins is not None:
             return self._bins
         value = self._metric.aggregate.value  # type: ignore[union-attr]
         table = self._con.sql(
             f"""
-            SELECT job_id, load_level, list(n) AS n, list(v) AS v, list(t) AS t FROM (
+            SELECT job_id, load_level, list(n ORDER BY t_cell, v_cell) AS n, list(v ORDER BY t_cell, v_cell) AS v,
+                   list(t ORDER BY t_cell, v_cell) AS t FROM (
                 SELECT job_id, load_level,
                        floor(log2(greatest(t, 1e-3)) * {CELLS_PER_OCTAVE})::INT AS t_cell,
                        floor(log2(1 + v) * {CELLS_PER_OCTAVE})::INT AS v_cell,

@@ -92,7 +92,7 @@ class SpecParams:
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SpecParams:
-        fields = {name: values.get(name) for name in cls.__slots__}
+        fields: dict[str, Any] = {name: values.get(name) for name in cls.__slots__}
         fields[api.SPEC_ADAPTIVE] = bool(fields[api.SPEC_ADAPTIVE])
         return cls(**fields)
 
