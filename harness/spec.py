@@ -77,7 +77,7 @@ class RequestSlo(StrictModel):
 
 
 # Spec fields that only say how to read the results: they do not change what a sweep measures.
-ANALYSIS_FIELDS: frozenset[str] = frozenset({"request_slo"})
+ANALYSIS_FIELDS: frozenset[str] = frozenset({"request_slo", "deploy_weights"})
 
 
 class SweepSpec(StrictModel):
@@ -136,6 +136,11 @@ class SweepSpec(StrictModel):
         default=None,
         description="Per-request SLOs that define goodput for `best` and `report` (--request-slo overrides); "
         "not part of the sweep id.",
+    )
+    deploy_weights: dict[str, PositiveFloat] = Field(
+        default_factory=dict,
+        description="The deployment's load mix for `best --emit`: weight per load level name (e.g. "
+        '"concurrency=16": 0.5); empty = every level alike. Not part of the sweep id.',
     )
 
     @model_validator(mode="after")

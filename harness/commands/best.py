@@ -67,6 +67,18 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--emit",
+        type=Path,
+        metavar="DIR",
+        help="write the launch to deploy (static best over the spec's deploy_weights, or an adaptive "
+        "schedule from the per-level winners), adaptive.json and the drafter's provenance into DIR",
+    )
+    parser.add_argument(
+        "--publish-drafter",
+        metavar="PATH",
+        help="where the converted drafter is published for deployment (default: <drafter path>-sglang)",
+    )
 
 
 def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnection, Selection]:
@@ -111,11 +123,20 @@ def _spec_request_slo(con: duckdb.DuckDBPyConnection) -> str:
 
 def run(args: argparse.Namespace) -> int:
     con, selection = selection_from_args(args)
+    deployment = None
+    if args.emit is not None:
+        from harness.emit import emit
+
+        deployment = emit(con, selection, args.emit, publish_drafter=args.publish_drafter)
     con.close()
     if args.json:
-        print(json.dumps(dataclasses.asdict(selection), indent=2))
+        print(json.dumps({**dataclasses.asdict(selection), "deploy": deployment}, indent=2, default=str))
     else:
         print(format_selection(selection))
+        if deployment is not None:
+            from harness.emit import describe
+
+            print(describe(deployment, args.emit))
     return 0
 
 
