@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.select import Interval, Selection
+from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
     import duckdb
@@ -55,6 +56,7 @@ def render_report(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         _header(con, selection),
         _winners(selection),
         _tables(selection),
+        _deployment(con, selection),
         _figure("plot-throughput", _throughput_plot(con, colors)),
         _figure("plot-tpot", _tpot_plot(con, colors)),
         _figure("plot-accept-length", _accept_length_plot(con, colors)),
@@ -184,6 +186,56 @@ def _tables(selection: Selection) -> str:
             )
         parts.append("</table>")
     parts.append("</section>")
+    return "".join(parts)
+
+
+def _mix_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
+    """The spec's ``deploy_weights`` (None: every level alike), read from the sweep row's YAML."""
+    import yaml
+
+    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
+    spec = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
+    weights = spec.get("deploy_weights") if isinstance(spec, dict) else None
+    return {str(k): float(v) for k, v in weights.items()} if isinstance(weights, dict) and weights else None
+
+
+def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
+    """One server for all the load: the static config best over the mix, and the adaptive schedule."""
+    from analysis.deploy import config_shapes, level_concurrency, plan_deployment
+
+    parts = ["<section id='deploy'><h2>One server for every load level</h2>"]
+    concurrency = level_concurrency(con)
+    try:
+        plan = plan_deployment(selection, config_shapes(con), concurrency, _mix_weights(con))
+    except ResultsError as err:
+        parts.append(f"<p class='note'>{html.escape(err.problem)}</p></section>")
+        return "".join(parts)
+    weights = ", ".join(f"{level} x{w:g}" for level, w in plan.weights.items())
+    parts.append(
+        f"<p>Load mix: {html.escape(weights)}. Best static config: "
+        f"<b>{html.escape(plan.static.config_label)}</b>, {plan.static.mix_score:.3f} of the per-level best "
+        f"on the mix. Recommended: <b>{plan.recommended}</b> (<code>specsweep best --emit DIR</code> writes "
+        "the launch).</p>"
+    )
+    if plan.adaptive is None:
+        parts.append(
+            f"<p class='note'>No adaptive schedule: {html.escape(plan.adaptive_note or '')}</p></section>"
+        )
+        return "".join(parts)
+    steps = plan.adaptive.steps_by_batch_size
+    by_size = sorted(plan.adaptive.chosen.items(), key=lambda item: concurrency[item[0]] or 0)
+    rows = "".join(
+        f"<tr><td>{concurrency[level]}</td><td>{steps[concurrency[level] or 0]}</td>"
+        f"<td class='label'>{html.escape(label)}</td>"
+        f"<td class='label'>{html.escape(plan.adaptive.gives_up.get(level, ''))}</td></tr>"
+        for level, label in by_size
+    )
+    parts.append(
+        f"<p>Adaptive schedule (<code>--speculative-adaptive</code>, expected {plan.adaptive.mix_score:.3f} "
+        "of the per-level best on the mix):</p><table class='adaptive-schedule'><tr><th>batch size &ge;</th>"
+        f"<th>draft steps</th><th class='label'>as measured by</th><th class='label'>gives up</th></tr>{rows}"
+        "</table></section>"
+    )
     return "".join(parts)
 
 
