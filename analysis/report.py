@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.select import Interval, Selection, share_text
+from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
     import duckdb
@@ -56,6 +57,7 @@ def render_report(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         _winners(selection),
         _tables(selection),
         _categories(con),
+        _deployment(con, selection),
         _figure("plot-throughput", _throughput_plot(con, colors)),
         _figure("plot-tpot", _tpot_plot(con, colors)),
         _figure("plot-accept-length", _accept_length_plot(con, colors)),
@@ -103,14 +105,19 @@ def _header(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
             f"p50 {_fmt(p50)} µs, p99 {_fmt(p99)} µs"
         )
     slos = ", ".join(selection.slos) or "none"
+    goodput = (
+        f"; goodput: requests that succeeded with {' and '.join(selection.request_slos)}"
+        if selection.request_slos
+        else ""
+    )
     notes = "".join(f"<p class='note'>note: {html.escape(n)}</p>" for n in selection.notes)
     return (
         f"<h1>specsweep report: {html.escape(selection.sweep_id)}</h1>"
         f"<p class='meta'>{html.escape(meta)}<br>generated {time.strftime('%Y-%m-%d %H:%M:%S')}; "
         f"ranked by {html.escape(selection.objective)} ({html.escape(selection.objective_unit)}, "
-        f"{selection.better} is better); SLOs: {html.escape(slos)}; error rate at most "
-        f"{share_text(selection.max_error_rate)}; 95% intervals from "
-        f"{selection.replicates} bootstrap resamples of requests</p>{notes}"
+        f"{selection.better} is better); SLOs: {html.escape(slos)}{html.escape(goodput)}; error rate at most "
+        f"{share_text(selection.max_error_rate)}; {selection.confidence:.0%} intervals from "
+        f"{selection.replicates} bootstrap resamples of launches and requests</p>{notes}"
     )
 
 
@@ -124,12 +131,17 @@ def _winners(selection: Selection) -> str:
             )
             continue
         speedup = (
-            f"{w.speedup:.3f}x vs baseline" + (f" (95% CI {_ci(w.speedup_ci)})" if w.speedup_ci else "")
+            f"{w.speedup:.3f}x vs baseline"
+            + (f" ({selection.confidence:.0%} CI {_ci(w.speedup_ci)})" if w.speedup_ci else "")
             if w.speedup is not None
             else "no baseline measured"
         )
         ties = [r.config_label for r in level.ranked if r.tie]
-        tie_text = f"; statistically tied with {', '.join(ties)}" if ties else ""
+        tie_text = f"; not distinguishable from {', '.join(ties)}" if ties else ""
+        if w.goodput_rps is not None:
+            tie_text = (
+                f", goodput {_fmt(w.goodput_rps)} requests/s ({_fmt(w.goodput_share)} of requests)" + tie_text
+            )
         parts.append(
             f"<div class='winner' data-level='{html.escape(level.load_level)}'>"
             f"<b>{html.escape(level.load_level)}</b>: "
@@ -145,16 +157,21 @@ def _winners(selection: Selection) -> str:
 def _tables(selection: Selection) -> str:
     parts = ["<section id='configs'><h2>Configs per load level</h2>"]
     slo_names = [s.split("<")[0].split(">")[0] for s in selection.slos]
+    goodput = bool(selection.request_slos)
     for level in selection.levels:
         head = "".join(f"<th>{html.escape(n)}</th>" for n in slo_names)
+        if goodput:
+            head += "<th>goodput_rps</th><th>goodput_share</th>"
         parts.append(
             f"<h3>{html.escape(level.load_level)}</h3><table><tr><th>#</th><th class='label'>config</th>"
             f"<th>{html.escape(selection.objective)}</th><th>MAD</th><th>repeats</th><th>errors</th>"
-            f"<th>speedup</th><th>95% CI</th>{head}<th>note</th></tr>"
+            f"<th>speedup</th><th>{selection.confidence:.0%} CI</th>{head}<th>note</th></tr>"
         )
         for r in level.ranked:
             note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
             cells = "".join(f"<td>{_fmt(r.slo_values.get(n))}</td>" for n in slo_names)
+            if goodput:
+                cells += f"<td>{_fmt(r.goodput_rps)}</td><td>{_fmt(r.goodput_share)}</td>"
             speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
             parts.append(
                 f"<tr class='{'tie' if r.tie else ''}'><td>{r.rank}</td>"
@@ -167,7 +184,7 @@ def _tables(selection: Selection) -> str:
             parts.append(
                 f"<tr class='excluded'><td>-</td><td class='label'>{html.escape(e.config_label)}</td>"
                 f"<td colspan='3'></td><td>{share_text(e.error_rate)}</td>"
-                f"<td colspan='{2 + len(slo_names)}' class='label'>excluded: "
+                f"<td colspan='{2 + len(slo_names) + 2 * goodput}' class='label'>excluded: "
                 f"{html.escape('; '.join(e.reasons))}</td><td></td></tr>"
             )
         parts.append("</table>")
@@ -200,6 +217,56 @@ def _categories(con: duckdb.DuckDBPyConnection) -> str:
                 parts.append(f"<tr><td class='label'>{html.escape(label)}</td>{tds}</tr>")
         parts.append("</table>")
     parts.append("</section>")
+    return "".join(parts)
+
+
+def _mix_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
+    """The spec's ``deploy_weights`` (None: every level alike), read from the sweep row's YAML."""
+    import yaml
+
+    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
+    spec = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
+    weights = spec.get("deploy_weights") if isinstance(spec, dict) else None
+    return {str(k): float(v) for k, v in weights.items()} if isinstance(weights, dict) and weights else None
+
+
+def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
+    """One server for all the load: the static config best over the mix, and the adaptive schedule."""
+    from analysis.deploy import config_shapes, level_concurrency, plan_deployment
+
+    parts = ["<section id='deploy'><h2>One server for every load level</h2>"]
+    concurrency = level_concurrency(con)
+    try:
+        plan = plan_deployment(selection, config_shapes(con), concurrency, _mix_weights(con))
+    except ResultsError as err:
+        parts.append(f"<p class='note'>{html.escape(err.problem)}</p></section>")
+        return "".join(parts)
+    weights = ", ".join(f"{level} x{w:g}" for level, w in plan.weights.items())
+    parts.append(
+        f"<p>Load mix: {html.escape(weights)}. Best static config: "
+        f"<b>{html.escape(plan.static.config_label)}</b>, {plan.static.mix_score:.3f} of the per-level best "
+        f"on the mix. Recommended: <b>{plan.recommended}</b> (<code>specsweep best --emit DIR</code> writes "
+        "the launch).</p>"
+    )
+    if plan.adaptive is None:
+        parts.append(
+            f"<p class='note'>No adaptive schedule: {html.escape(plan.adaptive_note or '')}</p></section>"
+        )
+        return "".join(parts)
+    steps = plan.adaptive.steps_by_batch_size
+    by_size = sorted(plan.adaptive.chosen.items(), key=lambda item: concurrency[item[0]] or 0)
+    rows = "".join(
+        f"<tr><td>{concurrency[level]}</td><td>{steps[concurrency[level] or 0]}</td>"
+        f"<td class='label'>{html.escape(label)}</td>"
+        f"<td class='label'>{html.escape(plan.adaptive.gives_up.get(level, ''))}</td></tr>"
+        for level, label in by_size
+    )
+    parts.append(
+        f"<p>Adaptive schedule (<code>--speculative-adaptive</code>, expected {plan.adaptive.mix_score:.3f} "
+        "of the per-level best on the mix):</p><table class='adaptive-schedule'><tr><th>batch size &ge;</th>"
+        f"<th>draft steps</th><th class='label'>as measured by</th><th class='label'>gives up</th></tr>{rows}"
+        "</table></section>"
+    )
     return "".join(parts)
 
 

@@ -2,10 +2,13 @@
 
 For each load level: configs (jobs grouped by ``config_label``; repeats are the jobs sharing a
 label) whose median over repeats meets every SLO are ranked by the objective's median. Each gets a
-speedup over the no-speculation baseline at the same level with a bootstrap 95% interval, built by
-resampling requests with replacement within every run (repeat) of the config and of the baseline,
-taking the median over repeats in each replicate, and reading the 2.5th and 97.5th percentiles of
-the ratio. A config whose objective interval overlaps the winner's is marked a tie.
+speedup over the no-speculation baseline at the same level with a bootstrap interval (95% by
+default), built by resampling requests with replacement within every run (repeat) of the config and
+of the baseline, taking the median over repeats in each replicate, and reading the percentiles of the
+ratio. With repeats the resample is two-stage (launches with replacement, then requests within each),
+so launch-to-launch variance counts. A config whose difference to the winner has an interval holding 0
+is a tie: not distinguishable from the winner, with an estimate of the repeats that would separate them.
+The objective may be goodput (``analysis.goodput``): requests meeting per-request SLOs, per second.
 
 Resampling, exactly and cheaply:
 
@@ -28,12 +31,14 @@ Resampling, exactly and cheaply:
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from analysis.goodput import GOODPUT_METRICS, goodput_metrics, meets_sql
 from analysis.layout import attempted_job_ids, committed_job_ids
 from analysis.metrics import METRICS_BY_NAME, Metric, Rate
 from analysis.slo import Slo, check_metric
@@ -54,21 +59,31 @@ DEFAULT_OBJECTIVE = "output_tok_s_per_gpu"
 # its throughput counts only the requests that worked, so a flaky config could otherwise win.
 DEFAULT_MAX_ERROR_RATE = 0.01
 ERROR_RATE = "error_rate"
+DEFAULT_CONFIDENCE = 0.95
+# Objectives by what a team asks for: tokens served, requests served within the SLOs, a user's wait.
+OBJECTIVE_ALIASES: dict[str, str] = {
+    "throughput": "output_tok_s_per_gpu",
+    "goodput": "goodput_rps",
+    "latency": "e2e_p50_ms",
+}
+MAX_MORE_REPEATS = 100  # beyond this, two configs are the same for any practical purpose
 
-# Level columns that SLOs may name: every scalar metric plus SGLang's own accept length.
-SLO_METRICS: tuple[str, ...] = (*METRICS_BY_NAME, "server_accept_length")
-OBJECTIVE_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS_BY_NAME.values() if m.can_be_objective)
+# Level columns that SLOs may name: every scalar metric, SGLang's own accept length, and goodput
+# (computed from the request rows under per-request SLOs).
+SLO_METRICS: tuple[str, ...] = (*METRICS_BY_NAME, "server_accept_length", *GOODPUT_METRICS)
+OBJECTIVE_METRICS: tuple[str, ...] = (
+    *OBJECTIVE_ALIASES,
+    *(m.name for m in METRICS_BY_NAME.values() if m.can_be_objective),
+    "goodput_rps",
+)
 
 
 @dataclass(frozen=True)
 class Interval:
-    """A 95% bootstrap percentile interval."""
+    """A bootstrap percentile interval at the selection's confidence (95% by default)."""
 
     low: float
     high: float
-
-    def overlaps(self, other: Interval) -> bool:
-        return self.low <= other.high and other.low <= self.high
 
 
 @dataclass(frozen=True)
@@ -85,8 +100,12 @@ class RankedConfig:
     objective_ci: Interval | None
     speedup: float | None  # vs the baseline at this level; null without a baseline
     speedup_ci: Interval | None
-    tie: bool  # objective interval overlaps the winner's (the winner itself: False)
+    tie: bool  # not distinguishable from the winner: their difference's interval holds 0 (winner: False)
+    difference_ci: Interval | None  # winner's objective minus this one's (null for the winner)
+    more_repeats: int | None  # about how many more repeats of both would separate a tie; null if none would
     error_rate: float | None  # failed requests / requests at this level, median over repeats
+    goodput_rps: float | None  # median over repeats; null without per-request SLOs
+    goodput_share: float | None
     slo_values: dict[str, float | None]
     launch_command: str | None
     sglang_argv: tuple[str, ...] | None
@@ -125,6 +144,8 @@ class Selection:
     objective_unit: str
     better: str
     slos: tuple[str, ...]
+    request_slos: tuple[str, ...]  # per-request limits that define goodput
+    confidence: float
     max_error_rate: float
     replicates: int
     levels: tuple[LevelChoice, ...]
@@ -151,17 +172,23 @@ def select_best(
     *,
     objective: str = DEFAULT_OBJECTIVE,
     slos: tuple[Slo, ...] = (),
+    request_slos: tuple[Slo, ...] = (),
     at: str | None = None,
     replicates: int = DEFAULT_REPLICATES,
+    confidence: float = DEFAULT_CONFIDENCE,
     seed: int = 0,
     allow_partial: bool = False,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
 ) -> Selection:
     """Rank configs per level; see the module docstring for the statistics. A config whose error rate
     at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason."""
-    metric = _objective_metric(objective)
+    metrics = {**METRICS_BY_NAME, **goodput_metrics(request_slos)}
+    metric = _objective_metric(objective, metrics)
+    _check_goodput_slos(slos, metrics)
+    if not 0.5 <= confidence < 1:
+        raise ResultsError(f"--confidence {confidence} is not a probability in [0.5, 1)", fix="e.g. 0.95")
     if replicates < 100:
-        raise ResultsError(f"--bootstrap {replicates} is too few for a 95% interval", fix="use at least 100")
+        raise ResultsError(f"--bootstrap {replicates} is too few for an interval", fix="use at least 100")
     if not 0.0 <= max_error_rate <= 1.0:
         raise ResultsError(
             f"--max-error-rate {max_error_rate:g} is not a share of requests",
@@ -170,7 +197,7 @@ def select_best(
         )
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
-    runs_by_level = _load_runs(con, metric, slos)
+    runs_by_level = _load_runs(con, out, metric, slos, request_slos)
     if not runs_by_level:
         raise ResultsError(
             "no job finished with measured load levels (every committed job failed)",
@@ -193,7 +220,7 @@ def select_best(
         notes.append(f"several baseline configs {baselines}: speedups use {baselines[0]!r}")
     baseline_label = baselines[0] if baselines else None
     ranked_jobs = {run.job_id for runs in runs_by_level.values() for run in runs}
-    resampler = _Resampler(con, metric, replicates, seed, requests_of_jobs(out, ranked_jobs))
+    resampler = _Resampler(con, metric, replicates, seed, requests_of_jobs(out, ranked_jobs), confidence)
     choices = tuple(
         _choose_level(
             level, runs_by_level[level], metric, slos, baseline_label, resampler, notes, max_error_rate
@@ -206,6 +233,8 @@ def select_best(
         objective_unit=metric.unit,
         better=metric.better or "higher",
         slos=tuple(str(s) for s in slos),
+        request_slos=tuple(str(s) for s in request_slos),
+        confidence=confidence,
         max_error_rate=max_error_rate,
         replicates=replicates,
         levels=choices,
@@ -213,9 +242,12 @@ def select_best(
     )
 
 
-def _objective_metric(name: str) -> Metric:
+def _objective_metric(name: str, metrics: dict[str, Metric]) -> Metric:
+    name = OBJECTIVE_ALIASES.get(name, name)
     check_metric(name, SLO_METRICS, where="--objective")
-    metric = METRICS_BY_NAME.get(name)
+    if name in GOODPUT_METRICS and name not in metrics:
+        raise _goodput_needs_slos("--objective")
+    metric = metrics.get(name)
     if metric is None or not metric.can_be_objective:
         raise ResultsError(
             f"metric {name!r} cannot be an objective (it is not a rankable rate or percentile)",
@@ -223,6 +255,20 @@ def _objective_metric(name: str) -> Metric:
             fix=f"use one of: {', '.join(OBJECTIVE_METRICS)} (it can still be an SLO)",
         )
     return metric
+
+
+def _goodput_needs_slos(where: str) -> ResultsError:
+    return ResultsError(
+        "goodput counts the requests that meet per-request SLOs, and none were given",
+        where=where,
+        fix='pass --request-slo "ttft_ms<=2000,tpot_ms<=50" (any of ttft_ms, tpot_ms, e2e_ms) '
+        "or set request_slo in the spec",
+    )
+
+
+def _check_goodput_slos(slos: tuple[Slo, ...], metrics: dict[str, Metric]) -> None:
+    if any(s.metric in GOODPUT_METRICS and s.metric not in metrics for s in slos):
+        raise _goodput_needs_slos("--slo")
 
 
 def _completeness_notes(con: duckdb.DuckDBPyConnection, out: Path, *, allow_partial: bool) -> list[str]:
@@ -266,24 +312,34 @@ def _single_sweep(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def _load_runs(
-    con: duckdb.DuckDBPyConnection, metric: Metric, slos: tuple[Slo, ...]
+    con: duckdb.DuckDBPyConnection,
+    out: Path,
+    metric: Metric,
+    slos: tuple[Slo, ...],
+    request_slos: tuple[Slo, ...],
 ) -> dict[str, list[_Run]]:
-    """Done jobs' level rows, keyed by load level."""
-    columns = sorted({metric.name, ERROR_RATE, *(s.metric for s in slos)})
+    """Done jobs' level rows, keyed by load level, with goodput under ``request_slos`` when given."""
+    columns = sorted({metric.name, ERROR_RATE, *(s.metric for s in slos)} - set(GOODPUT_METRICS))
     selected = ", ".join(f"r.{c}" for c in columns)
     rows = con.sql(
         f"SELECT r.load_level, r.job_id, r.config_label, r.effective_speculative_algorithm IS NULL, "
         f"r.duration_s, r.gpus, r.launch_command, j.sglang_argv, {selected} "
         "FROM results r JOIN jobs j USING (sweep_id, job_id) ORDER BY r.config_label, r.repeat_index"
     ).fetchall()
+    good = _good_counts(con, out, {row[1] for row in rows}, request_slos) if request_slos else {}
     runs: dict[str, list[_Run]] = {}
     for level, job_id, label, baseline, duration_s, gpus, command, argv, *values in rows:
+        run_values: dict[str, float | None] = dict(zip(columns, values, strict=True))
+        if request_slos:
+            good_requests, requests = good.get((job_id, level), (0, 0))
+            run_values["goodput_rps"] = good_requests / duration_s
+            run_values["goodput_share"] = good_requests / requests if requests else None
         runs.setdefault(level, []).append(
             _Run(
                 job_id=job_id,
                 config_label=label,
                 is_baseline=bool(baseline),
-                values=dict(zip(columns, values, strict=True)),
+                values=run_values,
                 duration_s=duration_s,
                 gpus=gpus,
                 launch_command=command,
@@ -291,6 +347,17 @@ def _load_runs(
             )
         )
     return runs
+
+
+def _good_counts(
+    con: duckdb.DuckDBPyConnection, out: Path, job_ids: set[str], request_slos: tuple[Slo, ...]
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """Per (job, level): non-warmup requests that meet ``request_slos`` and all non-warmup requests."""
+    rows = con.sql(
+        f"SELECT job_id, load_level, count(*) FILTER (WHERE {meets_sql(request_slos)}), count(*) "
+        f"FROM {requests_of_jobs(out, job_ids)} WHERE NOT warmup GROUP BY job_id, load_level"
+    ).fetchall()
+    return {(job_id, level): (good, total) for job_id, level, good, total in rows}
 
 
 def _order_levels(con: duckdb.DuckDBPyConnection, levels: list[str]) -> list[str]:
@@ -350,18 +417,24 @@ def _choose_level(
     sign = -1.0 if metric.better == "lower" else 1.0
     qualified.sort(key=lambda item: (-sign * item[2], item[0]))
     ranked: list[RankedConfig] = []
-    winner_ci: Interval | None = None
+    winner: tuple[float, np.ndarray, int] | None = None  # objective, replicates, repeats
+    confidence = resampler.confidence
     for rank, (label, config_runs, objective, slo_values) in enumerate(qualified, start=1):
         reps = resampler.replicates_of(level, config_runs)
-        objective_ci = _interval(reps)
+        objective_ci = _interval(reps, confidence)
         speedup = speedup_ci = None
         is_baseline = label == baseline_label
         if baseline_objective is not None and baseline_reps is not None:
-            speedup = _ratio(objective, baseline_objective, metric)
+            speedup = _point_ratio(objective, baseline_objective, metric)
             if not is_baseline:
-                speedup_ci = _speedup_interval(reps, baseline_reps, metric)
-        if rank == 1:
-            winner_ci = objective_ci
+                speedup_ci = _speedup_interval(reps, baseline_reps, metric, confidence)
+        difference_ci = more_repeats = None
+        if winner is None:
+            winner = (objective, reps, len(config_runs))
+        else:
+            difference_ci = _interval(sign * (winner[1] - reps), confidence)
+            repeats = min(winner[2], len(config_runs))
+            more_repeats = _more_repeats(sign * (winner[0] - objective), difference_ci, repeats)
         values = [r.values[metric.name] for r in config_runs]
         first = config_runs[0]
         ranked.append(
@@ -376,8 +449,12 @@ def _choose_level(
                 objective_ci=objective_ci,
                 speedup=speedup,
                 speedup_ci=speedup_ci,
-                tie=rank > 1 and winner_ci is not None and objective_ci.overlaps(winner_ci),
+                tie=difference_ci is not None and difference_ci.low <= 0,
+                difference_ci=difference_ci,
+                more_repeats=more_repeats if difference_ci is not None and difference_ci.low <= 0 else None,
                 error_rate=error_rates[label],
+                goodput_rps=_config_value(config_runs, "goodput_rps"),
+                goodput_share=_config_value(config_runs, "goodput_share"),
                 slo_values=slo_values,
                 launch_command=first.launch_command,
                 sglang_argv=first.sglang_argv,
@@ -394,6 +471,18 @@ def _config_value(runs: list[_Run], name: str) -> float | None:
     return _median(values)  # type: ignore[arg-type]
 
 
+def _more_repeats(difference: float, interval: Interval, repeats: int) -> int | None:
+    """About how many more repeats of both configs would make ``interval`` (of a difference whose point
+    value ``difference`` >= 0) exclude 0, if its half-width shrinks as 1 / sqrt(repeats); null when the
+    point values are equal or it would take more than ``MAX_MORE_REPEATS``."""
+    half_width = (interval.high - interval.low) / 2
+    if difference <= 0:
+        return None
+    needed = math.ceil(repeats * (half_width / difference) ** 2)
+    more = max(1, needed - repeats)
+    return more if more <= MAX_MORE_REPEATS else None
+
+
 def _mad(values: list[float]) -> float:
     center = _median(values)
     return _median([abs(v - center) for v in values])
@@ -406,7 +495,15 @@ def _ratio(config: Any, baseline: Any, metric: Metric) -> Any:
     return baseline / config if metric.better == "lower" else config / baseline
 
 
-def _speedup_interval(reps: np.ndarray, baseline_reps: np.ndarray, metric: Metric) -> Interval | None:
+def _point_ratio(config: float, baseline: float, metric: Metric) -> float | None:
+    """The speedup of point values; null when its denominator is 0 (e.g. a baseline with no goodput)."""
+    denominator = config if metric.better == "lower" else baseline
+    return _ratio(config, baseline, metric) if denominator != 0 else None
+
+
+def _speedup_interval(
+    reps: np.ndarray, baseline_reps: np.ndarray, metric: Metric, confidence: float
+) -> Interval | None:
     """Interval of the speedup over paired replicates.
 
     A resample whose denominator is 0 (with few requests, a draw can hold no tokens) has no ratio and is
@@ -415,11 +512,12 @@ def _speedup_interval(reps: np.ndarray, baseline_reps: np.ndarray, metric: Metri
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = _ratio(reps, baseline_reps, metric)
     finite = ratios[np.isfinite(ratios)]
-    return _interval(finite) if finite.size else None
+    return _interval(finite, confidence) if finite.size else None
 
 
-def _interval(replicates: np.ndarray) -> Interval:
-    low, high = np.percentile(replicates, [2.5, 97.5])
+def _interval(replicates: np.ndarray, confidence: float) -> Interval:
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(replicates, [tail, 100 - tail])
     return Interval(float(low), float(high))
 
 
@@ -436,8 +534,15 @@ class _Resampler:
     """Bootstrap replicates of the objective per run, from the request rows (one query per kind)."""
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, metric: Metric, replicates: int, seed: int, requests: str
+        self,
+        con: duckdb.DuckDBPyConnection,
+        metric: Metric,
+        replicates: int,
+        seed: int,
+        requests: str,
+        confidence: float,
     ) -> None:
+        self.confidence = confidence
         self._con = con
         self._requests = requests  # the ranked jobs' request rows (views.requests_of_jobs)
         self._metric = metric
@@ -447,8 +552,16 @@ class _Resampler:
         self._bins: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     def replicates_of(self, level: str, runs: list[_Run]) -> np.ndarray:
-        """Replicates of the config's objective: per replicate, the median over its repeats."""
+        """Replicates of the config's objective: per replicate, the median over its repeats.
+
+        With repeats the resample is two-stage, so launch-to-launch variance widens the interval: each
+        replicate draws as many launches as were run, with replacement, then uses each drawn launch's own
+        request-level replicate (a launch drawn twice contributes the same request resample twice).
+        """
         per_run = np.stack([self._run_replicates(level, run) for run in runs])
+        if len(runs) > 1:
+            drawn = self._rng.integers(0, len(runs), size=(len(runs), self._replicates))
+            per_run = np.take_along_axis(per_run, drawn, axis=0)
         return np.asarray(np.median(per_run, axis=0))
 
     def _run_replicates(self, level: str, run: _Run) -> np.ndarray:
@@ -471,14 +584,16 @@ class _Resampler:
         """Per closed-loop (job, level): per (latency, value) cell, request count, sum of values, sum of e2e.
 
         Cells are log-scale, ``CELLS_PER_OCTAVE`` per doubling of latency and of value: one GROUP BY pass
-        over the requests, no per-level bounds to join back.
+        over the requests, no per-level bounds to join back. Cells come in a fixed order, so a seed
+        reproduces the intervals.
         """
         if self._bins is not None:
             return self._bins
         value = self._metric.aggregate.value  # type: ignore[union-attr]
         table = self._con.sql(
             f"""
-            SELECT job_id, load_level, list(n) AS n, list(v) AS v, list(t) AS t FROM (
+            SELECT job_id, load_level, list(n ORDER BY t_cell, v_cell) AS n, list(v ORDER BY t_cell, v_cell) AS v,
+                   list(t ORDER BY t_cell, v_cell) AS t FROM (
                 SELECT job_id, load_level,
                        floor(log2(greatest(t, 1e-3)) * {CELLS_PER_OCTAVE})::INT AS t_cell,
                        floor(log2(1 + v) * {CELLS_PER_OCTAVE})::INT AS v_cell,
@@ -551,8 +666,11 @@ def ratio_replicates(
     counts, value_sums, latency_sums = counts[used], value_sums[used], latency_sums[used]
     noise = rng.standard_normal((replicates, counts.size))
     draws = np.maximum(counts + np.sqrt(counts) * noise, 0.0)
+    full = value_sums.sum() / latency_sums.sum()
+    if full == 0:  # every value 0 (no good request): every resample is 0 too
+        return np.ones(replicates)
     ratios = (draws @ (value_sums / counts)) / np.maximum(draws @ (latency_sums / counts), 1e-12)
-    return np.asarray(ratios / (value_sums.sum() / latency_sums.sum()))
+    return np.asarray(ratios / full)
 
 
 def rate_replicates(

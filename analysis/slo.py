@@ -42,41 +42,42 @@ class Slo:
         return f"{self.metric}{self.op}{self.threshold:g}"
 
 
-def _malformed(text: str, position: int, expected: str) -> ResultsError:
+def _malformed(text: str, position: int, expected: str, where: str) -> ResultsError:
     pointer = " " * position + "^"
     return ResultsError(
         f"malformed SLO at character {position + 1}: expected {expected}\n  {text}\n  {pointer}",
-        where="--slo",
+        where=where,
         fix='write comma-separated clauses METRIC OP NUMBER, e.g. "ttft_p99_ms<=2000,tpot_p99_ms<=50"',
     )
 
 
-def parse_slos(text: str, known_metrics: tuple[str, ...]) -> tuple[Slo, ...]:
-    """Parse ``text``; raise ResultsError showing the position of the first problem."""
+def parse_slos(text: str, known_metrics: tuple[str, ...], *, where: str = "--slo") -> tuple[Slo, ...]:
+    """Parse ``text``; raise ResultsError showing the position of the first problem (``where`` names the
+    flag or spec field it came from)."""
     if not text.strip():
         return ()
     slos: list[Slo] = []
     pos = 0
     while True:
-        metric, pos = _expect(text, pos, _METRIC, "a metric name")
-        op, pos = _expect(text, pos, _OPERATOR, "one of <=, >=, <, >")
-        number, pos = _expect(text, pos, _NUMBER, "a number")
-        check_metric(metric, known_metrics, where="--slo")
+        metric, pos = _expect(text, pos, _METRIC, "a metric name", where)
+        op, pos = _expect(text, pos, _OPERATOR, "one of <=, >=, <, >", where)
+        number, pos = _expect(text, pos, _NUMBER, "a number", where)
+        check_metric(metric, known_metrics, where=where)
         slos.append(Slo(metric, op, float(number)))
         pos = _WHITESPACE.match(text, pos).end()  # type: ignore[union-attr]
         if pos == len(text):
             return tuple(slos)
         if text[pos] != ",":
-            raise _malformed(text, pos, "',' or the end")
+            raise _malformed(text, pos, "',' or the end", where)
         pos += 1
 
 
-def _expect(text: str, pos: int, token: re.Pattern[str], what: str) -> tuple[str, int]:
+def _expect(text: str, pos: int, token: re.Pattern[str], what: str, where: str) -> tuple[str, int]:
     """The token at ``pos`` (after whitespace) and the position after it, or a positioned error."""
     pos = _WHITESPACE.match(text, pos).end()  # type: ignore[union-attr]
     match = token.match(text, pos)
     if match is None:
-        raise _malformed(text, pos, what)
+        raise _malformed(text, pos, what, where)
     return match.group(), match.end()
 
 

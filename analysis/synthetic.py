@@ -59,6 +59,9 @@ class SyntheticConfig:
     step_cost: float = 1.0
     error_rate: float = 0.0
     repeats: int = 1
+    # Per launch (repeat r uses entry r mod len), a factor on every TPOT: launch-to-launch variance such
+    # as a different placement or clock; empty = every launch alike.
+    launch_tpot_factors: tuple[float, ...] = ()
     gpus: int = 8
     fails: bool = False  # the job failed: a jobs row with status "failed" and no requests
 
@@ -185,6 +188,7 @@ def _level_requests(
     rng: np.random.Generator,
     pools: _Pools,
     t0_ns: int,
+    launch_factor: float = 1.0,
 ) -> tuple[pa.Table, float]:
     """One level's request rows (warmup rows included) and its measured duration in seconds."""
     n_measured = sweep.requests_per_level
@@ -193,7 +197,7 @@ def _level_requests(
     lo, hi = sweep.output_tokens
     tokens = rng.integers(lo, hi + 1, n).astype(np.int32)
     failed = rng.random(n) < cfg.error_rate
-    tpot_mean = sweep.true_tpot_ms(cfg, concurrency)
+    tpot_mean = sweep.true_tpot_ms(cfg, concurrency) * launch_factor
     tpot = tpot_mean * rng.lognormal(-(TPOT_SIGMA**2) / 2, TPOT_SIGMA, n)
     ttft = sweep.true_ttft_ms(concurrency) * rng.lognormal(-(TTFT_SIGMA**2) / 2, TTFT_SIGMA, n)
     e2e = ttft + tpot * (tokens - 1)
@@ -315,7 +319,8 @@ def write_sweep(out: Path, sweep: SyntheticSweep, *, spec_text: str = "synthetic
         for repeat in range(cfg.repeats):
             job_id = job_id_of(sweep, cfg, repeat)
             if not cfg.fails:
-                _write_job_results(out, sweep, cfg, job_id, rng, pools)
+                factors = cfg.launch_tpot_factors or (1.0,)
+                _write_job_results(out, sweep, cfg, job_id, rng, pools, factors[repeat % len(factors)])
             record = _job_record(sweep, cfg, repeat, job_id, now_ns)
             write_parquet_atomic(jobs_table([record]), job_part_path(out, "jobs", sweep.sweep_id, job_id))
     sweep_row = SweepRecord(
@@ -339,11 +344,12 @@ def _write_job_results(
     job_id: str,
     rng: np.random.Generator,
     pools: _Pools,
+    launch_factor: float,
 ) -> None:
     tables, levels = [], []
     t0_ns = 0
     for concurrency in sweep.concurrencies:
-        table, duration_s = _level_requests(sweep, cfg, concurrency, rng, pools, t0_ns)
+        table, duration_s = _level_requests(sweep, cfg, concurrency, rng, pools, t0_ns, launch_factor)
         t0_ns += int(duration_s * 1e9) + 1_000_000_000
         tables.append(table)
         levels.append(

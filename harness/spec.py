@@ -83,6 +83,26 @@ class SearchSpec(StrictModel):
     )
 
 
+class RequestSlo(StrictModel):
+    """Per-request limits: a request that succeeds within every given one counts towards goodput."""
+
+    ttft_ms: PositiveFloat | None = Field(default=None, description="Most milliseconds to the first token.")
+    tpot_ms: PositiveFloat | None = Field(
+        default=None, description="Most milliseconds per output token after the first."
+    )
+    e2e_ms: PositiveFloat | None = Field(default=None, description="Most milliseconds end to end.")
+
+    def clauses(self) -> str:
+        """The limits as ``best --request-slo`` takes them, e.g. ``ttft_ms<=2000,tpot_ms<=50``."""
+        return ",".join(
+            f"{name}<={value:g}" for name, value in self.model_dump().items() if value is not None
+        )
+
+
+# Spec fields that only say how to read the results: they do not change what a sweep measures.
+ANALYSIS_FIELDS: frozenset[str] = frozenset({"request_slo", "deploy_weights"})
+
+
 class SweepSpec(StrictModel):
     """A sweep: which server, which speculative configurations, which load, where results go."""
 
@@ -139,6 +159,16 @@ class SweepSpec(StrictModel):
         default_factory=SearchSpec,
         description="Which points to launch: the whole grid or a model-based search.",
     )
+    request_slo: RequestSlo | None = Field(
+        default=None,
+        description="Per-request SLOs that define goodput for `best` and `report` (--request-slo overrides); "
+        "not part of the sweep id.",
+    )
+    deploy_weights: dict[str, PositiveFloat] = Field(
+        default_factory=dict,
+        description="The deployment's load mix for `best --emit`: weight per load level name (e.g. "
+        '"concurrency=16": 0.5); empty = every level alike. Not part of the sweep id.',
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> SweepSpec:
@@ -148,8 +178,9 @@ class SweepSpec(StrictModel):
 
     def sweep_id(self) -> str:
         """Stable id of what the sweep measures (the output directory is not part of it)."""
-        # The default search is left out, so sweeps started before the field existed keep their id.
-        exclude = {"output_dir"} | ({"search"} if self.search == SearchSpec() else set())
+        # The default search is left out, so sweeps started before the field existed keep their id; the
+        # analysis fields say how to read results, not what to measure.
+        exclude = {"output_dir", *ANALYSIS_FIELDS} | ({"search"} if self.search == SearchSpec() else set())
         canonical = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 

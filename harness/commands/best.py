@@ -13,12 +13,18 @@ from harness.commands.base import Command
 if TYPE_CHECKING:
     import duckdb
 
-    from analysis.select import Selection
+    from analysis.select import LevelChoice, Selection
 
 
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags ``best`` and ``report`` share: which sweep, which SLOs, what to rank by."""
-    from analysis.select import DEFAULT_MAX_ERROR_RATE, DEFAULT_OBJECTIVE, DEFAULT_REPLICATES
+    from analysis.select import (
+        DEFAULT_CONFIDENCE,
+        DEFAULT_MAX_ERROR_RATE,
+        DEFAULT_OBJECTIVE,
+        DEFAULT_REPLICATES,
+        OBJECTIVE_ALIASES,
+    )
 
     parser.add_argument("out", type=Path, metavar="OUT", help="the sweep's output directory")
     parser.add_argument(
@@ -28,10 +34,25 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         help='comma-separated limits every ranked config must meet, e.g. "ttft_p99_ms<=2000,tpot_p99_ms<=50"',
     )
     parser.add_argument(
+        "--request-slo",
+        default=None,
+        metavar="CLAUSES",
+        help='per-request limits that define goodput, e.g. "ttft_ms<=2000,tpot_ms<=50" '
+        "(of ttft_ms, tpot_ms, e2e_ms; default: the spec's request_slo)",
+    )
+    aliases = ", ".join(f"{alias} = {name}" for alias, name in OBJECTIVE_ALIASES.items())
+    parser.add_argument(
         "--objective",
         default=DEFAULT_OBJECTIVE,
         metavar="METRIC",
-        help=f"what to rank by (default {DEFAULT_OBJECTIVE})",
+        help=f"what to rank by: a level metric or {aliases} (default {DEFAULT_OBJECTIVE})",
+    )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        metavar="P",
+        help=f"confidence of the intervals and of telling two configs apart (default {DEFAULT_CONFIDENCE})",
     )
     parser.add_argument("--at", metavar="LEVEL", help="only this load level, e.g. concurrency=64")
     parser.add_argument(
@@ -60,10 +81,23 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--emit",
+        type=Path,
+        metavar="DIR",
+        help="write the launch to deploy (static best over the spec's deploy_weights, or an adaptive "
+        "schedule from the per-level winners), adaptive.json and the drafter's provenance into DIR",
+    )
+    parser.add_argument(
+        "--publish-drafter",
+        metavar="PATH",
+        help="where the converted drafter is published for deployment (default: <drafter path>-sglang)",
+    )
 
 
 def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnection, Selection]:
     """Open OUT and run the selection the flags ask for (shared with ``report``)."""
+    from analysis.goodput import parse_request_slos
     from analysis.select import SLO_METRICS, select_best
     from analysis.slo import parse_slos
     from analysis.views import connect, readable_results
@@ -71,13 +105,19 @@ def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnec
     slos = parse_slos(args.slo, SLO_METRICS)
     with readable_results(args.out):
         con = connect(args.out)
+        if args.request_slo is not None:
+            request_slos = parse_request_slos(args.request_slo)
+        else:
+            request_slos = parse_request_slos(_spec_request_slo(con), where="the sweep spec's request_slo")
         selection = select_best(
             con,
             args.out,
             objective=args.objective,
             slos=slos,
+            request_slos=request_slos,
             at=args.at,
             replicates=args.bootstrap,
+            confidence=args.confidence,
             seed=args.seed,
             allow_partial=args.allow_partial,
             max_error_rate=args.max_error_rate,
@@ -85,13 +125,34 @@ def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnec
     return con, selection
 
 
+def _spec_request_slo(con: duckdb.DuckDBPyConnection) -> str:
+    """The spec's per-request SLOs as clauses ("" when the sweep row or the field is absent)."""
+    import yaml
+
+    from harness.spec import RequestSlo
+
+    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
+    spec = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
+    field = spec.get("request_slo") if isinstance(spec, dict) else None
+    return RequestSlo.model_validate(field).clauses() if field else ""
+
+
 def run(args: argparse.Namespace) -> int:
     con, selection = selection_from_args(args)
+    deployment = None
+    if args.emit is not None:
+        from harness.emit import emit
+
+        deployment = emit(con, selection, args.emit, publish_drafter=args.publish_drafter)
     con.close()
     if args.json:
-        print(json.dumps(dataclasses.asdict(selection), indent=2))
+        print(json.dumps({**dataclasses.asdict(selection), "deploy": deployment}, indent=2, default=str))
     else:
         print(format_selection(selection))
+        if deployment is not None:
+            from harness.emit import describe
+
+            print(describe(deployment, args.emit))
     return 0
 
 
@@ -104,11 +165,15 @@ def format_selection(selection: Selection) -> str:
     from analysis.select import share_text
 
     slos = ", ".join(selection.slos) or "none"
+    confidence = f"{selection.confidence:.0%}"
+    goodput = bool(selection.request_slos)
     lines = [
         f"sweep {selection.sweep_id}: ranked by {selection.objective} ({selection.objective_unit}, "
         f"{selection.better} is better); SLOs: {slos}; error rate at most {selection.max_error_rate:.1%}; "
-        f"95% intervals from {selection.replicates} bootstrap resamples of requests",
+        f"{confidence} intervals from {selection.replicates} bootstrap resamples of launches and requests",
     ]
+    if goodput:
+        lines.append(f"goodput: requests that succeeded with {' and '.join(selection.request_slos)}")
     for note in selection.notes:
         lines.append(f"note: {note}")
     for level in selection.levels:
@@ -121,9 +186,10 @@ def format_selection(selection: Selection) -> str:
         lines.append(f"== {level.load_level}  ({base})")
         if not level.ranked:
             lines.append("   no config meets every SLO here")
+        goodput_header = f" {'goodput/s':>10} {'share':>6}" if goodput else ""
         header = (
-            f"   {'#':>2}  {'config':<22} {selection.objective:>22} {'MAD':>8} {'errors':>7} {'speedup':>8}  "
-            f"{'95% CI':<16} note"
+            f"   {'#':>2}  {'config':<22} {selection.objective:>22} {'MAD':>8} {'errors':>7}{goodput_header} "
+            f"{'speedup':>8}  {confidence + ' CI':<16} note"
         )
         if level.ranked:
             lines.append(header)
@@ -133,10 +199,12 @@ def format_selection(selection: Selection) -> str:
             if r.is_baseline:
                 note = (note + " baseline").strip()
             speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
+            goodput_cells = f" {_num(r.goodput_rps):>10} {_num(r.goodput_share, 3):>6}" if goodput else ""
             lines.append(
                 f"   {r.rank:>2}  {r.config_label:<22} {_num(r.objective, 6):>22} {_num(r.objective_mad):>8} "
-                f"{share_text(r.error_rate):>7} {speedup:>8}  {ci:<16} {note}"
+                f"{share_text(r.error_rate):>7}{goodput_cells} {speedup:>8}  {ci:<16} {note}"
             )
+        lines.extend(_undecided(level, confidence))
         for e in level.excluded:
             lines.append(
                 f"   excluded {e.config_label} (errors {share_text(e.error_rate)}): {'; '.join(e.reasons)}"
@@ -144,6 +212,23 @@ def format_selection(selection: Selection) -> str:
         if level.winner is not None:
             lines.append(f"   launch: {level.winner.launch_command or '(unknown)'}")
     return "\n".join(lines)
+
+
+def _undecided(level: LevelChoice, confidence: str) -> list[str]:
+    """Say so when the winner is not distinguishable from the runner-up, instead of a winner by a hair."""
+    if len(level.ranked) < 2 or not level.ranked[1].tie:
+        return []
+    winner, second = level.ranked[0], level.ranked[1]
+    diff = second.difference_ci
+    span = f" (difference {_num(diff.low)} to {_num(diff.high)})" if diff else ""
+    more = (
+        f"about {second.more_repeats} more repeat(s) of each would likely separate them"
+        if second.more_repeats is not None
+        else "more repeats are unlikely to separate them: for practical purposes they are equal"
+    )
+    return [
+        f"   not distinguishable at {confidence}: {winner.config_label!r} and {second.config_label!r}{span}; {more}"
+    ]
 
 
 COMMAND = Command(

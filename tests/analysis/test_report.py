@@ -109,3 +109,19 @@ def test_pareto_front_keeps_undominated_points_when_mixed() -> None:
     """A point is on the front unless another is at least as good in both coordinates and better in one."""
     points = [(1.0, 10.0), (2.0, 8.0), (1.5, 7.0), (3.0, 3.0), (0.5, 9.0), (3.0, 2.0)]
     assert pareto_front(points) == [(1.0, 10.0), (2.0, 8.0), (3.0, 3.0)]
+
+
+def test_render_report_shows_adaptive_schedule_when_chains_win_levels(report) -> None:  # type: ignore[no-untyped-def]
+    """The report's deploy section names the static config best over the load mix and the adaptive
+    schedule: one row per measured concurrency with the winning chain depth, 0 where the baseline wins."""
+    _, page, selection = report
+    assert "<section id='deploy'>" in page and "Best static config" in page
+    schedule = page.split("class='adaptive-schedule'")[1].split("</table>")[0]
+    for level in selection.levels:
+        winner = level.winner.config_label
+        concurrency = level.load_level.split("=")[1]
+        steps = "0" if winner == "baseline" else None
+        row = f"<tr><td>{concurrency}</td><td>"
+        assert row in schedule
+        if steps is not None:
+            assert f"{row}{steps}</td>" in schedule

@@ -300,7 +300,7 @@ def test_cli_validate_prints_json_and_exit_3_when_adjusted(sglang_python: str) -
     assert out["status"] == "adjusted"
     assert set(out["requested"]) == set(out["effective"]) == {
         "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-        "speculative_num_draft_tokens", "max_running_requests",
+        "speculative_num_draft_tokens", "max_running_requests", "speculative_adaptive",
     }  # fmt: skip
     assert out["effective"]["speculative_num_draft_tokens"] == 2
     assert out["checked_by"] == ["builtin", "sglang 0.5.23"]
@@ -332,3 +332,68 @@ def test_every_finding_code_is_documented_when_docs_validation_read() -> None:
     assert len(codes) > 20
     missing = sorted(code for code in codes if f"`{code}`" not in docs)
     assert not missing, f"undocumented validation codes: {missing}"
+
+
+ADAPTIVE_BASE = [
+    "--model-path", KIMI, "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", DRAFT,
+    "--speculative-adaptive",
+]  # fmt: skip
+ADAPTIVE_TREE = [*ADAPTIVE_BASE, "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                 "--speculative-num-draft-tokens", "8"]  # fmt: skip
+
+
+MALFORMED_ADAPTIVE = (
+    ({"1": {"candidate_steps": [3]}, "64": {"candidate_steps": "x"}}, "'64'"),
+    ({"16": {"candidate_steps": [-1, 3]}}, "'16'"),
+    ({"ema_alpha": 0.2}, "batch-size key"),
+)
+
+
+def _adaptive_chain(config_path: str) -> list[str]:
+    return [*ADAPTIVE_BASE, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--speculative-adaptive-config", config_path]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def adaptive_reports(tmp_path_factory: pytest.TempPathFactory, sglang_python: str):
+    """One SGLang process: the tree that falls back, a supported chain, and each malformed config."""
+    root = tmp_path_factory.mktemp("adaptive")
+    configs = [{"1": {"candidate_steps": [3, 7]}, "16": {"candidate_steps": [0, 3]}}]
+    configs += [config for config, _ in MALFORMED_ADAPTIVE]
+    paths = []
+    for i, config in enumerate(configs):
+        path = root / f"adaptive-{i}.json"
+        path.write_text(json.dumps(config))
+        paths.append(str(path))
+    argvs = [ADAPTIVE_TREE, *(_adaptive_chain(p) for p in paths)]
+    return argvs, validate_many(argvs, sglang_python=sglang_python)
+
+
+def test_validate_reports_adjusted_with_sglang_reason_when_adaptive_falls_back(adaptive_reports) -> None:
+    """A topk-4 tree with --speculative-adaptive: SGLang serves static steps; `adjusted`, in SGLang's words
+    (the builtin layer alone says the same)."""
+    argvs, reports = adaptive_reports
+    for report in (reports[0], validate(argvs[0], use_resolver=False)):
+        assert report.status == "adjusted" and report.exit_code == 3
+        assert report.requested.speculative_adaptive and not report.effective.speculative_adaptive
+        (finding,) = [w for w in report.warnings if w.code == "adaptive_fallback"]
+        assert "speculative_eagle_topk=4 (only topk=1 is supported)" in finding.message
+        assert not [w for w in report.warnings if w.code == "builtin_drift"]
+
+
+def test_validate_reports_ok_when_adaptive_chain_supported(adaptive_reports) -> None:
+    """A topk-1 chain whose steps are among the config's candidates runs adaptive: `ok`, no fallback."""
+    _, reports = adaptive_reports
+    assert reports[1].status == "ok", reports[1].to_json_dict()
+    assert reports[1].effective.speculative_adaptive and not reports[1].warnings
+
+
+def test_validate_names_key_when_adaptive_config_malformed(adaptive_reports) -> None:
+    """A config SGLang's _load_adaptive_config raises on is `invalid`, naming the key, in both layers."""
+    argvs, reports = adaptive_reports
+    for argv, report, (_, named) in zip(argvs[2:], reports[2:], MALFORMED_ADAPTIVE, strict=True):
+        builtin = validate(argv, use_resolver=False)
+        assert builtin.status == "invalid" and builtin.errors[0].code == "adaptive_config"
+        assert named in builtin.errors[0].message
+        assert report.status == "invalid"
+        assert report.layers["sglang 0.5.23"].startswith("ValueError")

@@ -86,4 +86,6 @@ SPEC_NUM_STEPS = "speculative_num_steps"
 SPEC_EAGLE_TOPK = "speculative_eagle_topk"
 SPEC_NUM_DRAFT_TOKENS = "speculative_num_draft_tokens"
 SPEC_DRAFT_MODEL_PATH = "speculative_draft_model_path"
+SPEC_ADAPTIVE = "speculative_adaptive"  # per-batch-size draft depth (false after a silent fallback)
+SPEC_ADAPTIVE_CONFIG = "speculative_adaptive_config"  # its JSON file
 MAX_RUNNING_REQUESTS = "max_running_requests"

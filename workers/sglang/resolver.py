@@ -50,6 +50,8 @@ class ResolverResult:
     error_message: str | None
     parser_exit: int | None
     parser_stderr: str
+    # SGLang's adaptive_unsupported_reason when it turned an asked --speculative-adaptive off, else None.
+    adaptive_fallback_reason: str | None = None
 
 
 class SGLangResolver:

@@ -2,7 +2,8 @@
 
 Protocol: one JSON object per line on stdin, ``{"argv": [...]}``; one JSON object per line on stdout,
 ``{"ok": bool, "resolved": {...} | null, "error_type": str | null, "error_message": str | null,
-"parser_exit": int | null, "parser_stderr": str}``. SGLang is imported once, so a batch of commands
+"parser_exit": int | null, "parser_stderr": str, "adaptive_fallback_reason": str | null}`` (the last is
+SGLang's ``adaptive_unsupported_reason`` when it silently turned an asked ``--speculative-adaptive`` off). SGLang is imported once, so a batch of commands
 costs one import (about 10 s) plus a few tens of milliseconds each. Only stdlib and sglang are
 imported: this file must not import specsweep, which is not installed in SGLang's venv.
 """
@@ -77,7 +78,17 @@ def resolve(argv: list[str], add_device: bool) -> dict:
         "error_message": None,
         "parser_exit": None,
         "parser_stderr": "",
+        "adaptive_fallback_reason": _adaptive_fallback_reason(argv, server_args, resolved),
     }
+
+
+def _adaptive_fallback_reason(argv: list[str], server_args: object, resolved: dict) -> str | None:
+    """Why SGLang turned an asked --speculative-adaptive off (it only logs a warning), else None."""
+    if "--speculative-adaptive" not in argv or resolved.get("speculative_adaptive"):
+        return None
+    from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
+
+    return adaptive_unsupported_reason(server_args) or "unknown (SGLang gave no reason)"
 
 
 def main() -> None:

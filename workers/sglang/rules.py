@@ -7,6 +7,9 @@ Two kinds of rule live here, each a small function run in one ordered list (as S
   (steps, topk, draft tokens) by target architecture, ``max_running_requests`` 48, the silent rewrite
   of num-draft-tokens to steps + 1 under topk 1, the bare ``AssertionError`` when steps is unset but
   topk or draft tokens are given. They give the built-in layer its *effective* config without SGLang.
+* Mirrors of ``speculative/adaptive_spec_params.py``: ``--speculative-adaptive`` silently turned off
+  (``adaptive_unsupported_reason``: SGLang only logs "Falling back to static speculative params") and
+  the adaptive config file's checks (``_load_adaptive_config``), which SGLang raises on.
 * Project rules for launches SGLang accepts but that waste a GPU hour: an incomplete triple that
   crashes later, more draft tokens than the tree has nodes, speculative flags without an algorithm
   (ignored silently), an EAGLE3 draft run as EAGLE (acceptance exactly 1.0), EAGLE3 without a draft on
@@ -59,6 +62,19 @@ SPEC_FLAGS = {
     api.SPEC_EAGLE_TOPK: "--speculative-eagle-topk",
     api.SPEC_NUM_DRAFT_TOKENS: "--speculative-num-draft-tokens",
     api.MAX_RUNNING_REQUESTS: "--max-running-requests",
+    api.SPEC_ADAPTIVE: "--speculative-adaptive",
+}
+ADAPTIVE_ALGORITHMS = ("EAGLE", "EAGLE3")
+# adaptive_unsupported_reason's flag-visible causes: the server arg and SGLang's words for it.
+ADAPTIVE_UNSUPPORTED_FLAGS = {
+    "enable_dp_attention": "attention DP is not supported "
+    "(adaptive tier decisions are not synchronized across DP ranks)",
+    "enable_multi_layer_eagle": "enable_multi_layer_eagle=True is not supported "
+    "(MultiLayerEagleWorkerV2 does not implement adaptive)",
+    "enable_two_batch_overlap": "enable_two_batch_overlap=True is not supported "
+    "(adaptive state swap would discard the TboAttnBackend wrapper)",
+    "enable_pdmux": "enable_pdmux=True is not supported "
+    "(adaptive state swap does not update decode_attn_backend_group)",
 }
 SPEC_PARAM_DESTS = (api.SPEC_NUM_STEPS, api.SPEC_EAGLE_TOPK, api.SPEC_NUM_DRAFT_TOKENS)
 
@@ -72,10 +88,13 @@ class SpecParams:
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
     max_running_requests: int | None = None
+    speculative_adaptive: bool = False  # per-batch-size steps; unset and off are the same
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> SpecParams:
-        return cls(**{name: values.get(name) for name in cls.__slots__})
+        fields: dict[str, Any] = {name: values.get(name) for name in cls.__slots__}
+        fields[api.SPEC_ADAPTIVE] = bool(fields[api.SPEC_ADAPTIVE])
+        return cls(**fields)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -345,6 +364,94 @@ def check_triple(res: Resolution) -> None:
         )
 
 
+def adaptive_config_problem(config: Any) -> str | None:
+    """What SGLang's ``_load_adaptive_config`` raises on for this parsed JSON, naming the key; None if fine.
+
+    Keys of digits are batch-size thresholds, each with ``candidate_steps``: a non-empty list of ints >= 0
+    (0 turns drafting off); other keys are defaults shared by every threshold (``ema_alpha``, ...).
+    """
+    if not isinstance(config, dict):
+        return f"the file holds a JSON {type(config).__name__}, not an object keyed by batch size"
+    thresholds = [key for key in config if key.isdigit()]
+    for key in thresholds:
+        entry = config[key]
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if (
+            not isinstance(steps, list)
+            or not steps
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)
+        ):
+            return f"key {key!r}: candidate_steps must be a non-empty list of integers >= 0, got {steps!r}"
+    if not thresholds:
+        return f'no batch-size key (a string of digits such as "1"); keys are {sorted(config)}'
+    return None
+
+
+def adaptive_candidate_steps(config: dict[str, Any]) -> list[int]:
+    """Every threshold's candidate steps together (SGLang sizes its buffers by them)."""
+    return sorted({s for key, entry in config.items() if key.isdigit() for s in entry["candidate_steps"]})
+
+
+def adaptive_fallback_reason(res: Resolution) -> str | None:
+    """Mirror of ``adaptive_unsupported_reason`` for what the flags show, in SGLang's words."""
+    eff = res.effective
+    if eff.speculative_algorithm not in ADAPTIVE_ALGORITHMS:
+        return f"speculative_algorithm={eff.speculative_algorithm} (only EAGLE/EAGLE3 are supported)"
+    if eff.speculative_eagle_topk is not None and eff.speculative_eagle_topk != 1:
+        return f"speculative_eagle_topk={eff.speculative_eagle_topk} (only topk=1 is supported)"
+    for dest, reason in ADAPTIVE_UNSUPPORTED_FLAGS.items():
+        if res.launch.get(dest):
+            return reason
+    return None
+
+
+def check_adaptive(res: Resolution) -> None:
+    """--speculative-adaptive: a config file SGLang refuses is an error; an unsupported launch runs static."""
+    if not res.effective.speculative_adaptive:
+        return
+    path = res.launch.get(api.SPEC_ADAPTIVE_CONFIG)
+    config: Any = None
+    if path is not None:
+        try:
+            config = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            res.fail(
+                "adaptive_config", f"--speculative-adaptive-config {path}: {err}", "give a readable JSON file"
+            )
+            return
+        problem = adaptive_config_problem(config)
+        if problem is not None:
+            res.fail(
+                "adaptive_config",
+                f"--speculative-adaptive-config {path}: {problem} (SGLang 0.5.23 raises ValueError at startup)",
+                'write {"<batch size>": {"candidate_steps": [<steps>, ...]}, ...}',
+            )
+            return
+    reason = adaptive_fallback_reason(res)
+    if reason is not None:
+        res.warnings.append(adaptive_fallback_finding(reason))
+        res.effective = replace(res.effective, speculative_adaptive=False)
+        return
+    steps = res.effective.speculative_num_steps
+    candidates = adaptive_candidate_steps(config) if config is not None else None
+    if candidates is not None and steps is not None and steps not in candidates:
+        res.fail(
+            "adaptive_steps",
+            f"--speculative-num-steps={steps} is not among the adaptive config's candidate steps {candidates}",
+            f"pass one of {candidates}",
+        )
+
+
+def adaptive_fallback_finding(reason: str) -> Finding:
+    """The note for a launch that asked for adaptive speculation and will run static params."""
+    return Finding(
+        "adaptive_fallback",
+        f"--speculative-adaptive is turned off by SGLang 0.5.23: {reason}; it only logs "
+        "'Falling back to static speculative params' and serves the static steps",
+        "use --speculative-eagle-topk 1 without the listed feature, or drop --speculative-adaptive",
+    )
+
+
 def check_backends(res: Resolution) -> None:
     topk = res.effective.speculative_eagle_topk or 1
     launch = res.launch
@@ -418,6 +525,7 @@ RULES: tuple[Callable[[Resolution], None], ...] = (
     check_draft_path,
     check_draft_architecture,
     check_triple,
+    check_adaptive,
     check_backends,
     check_rejection_sampling,
 )

@@ -16,7 +16,14 @@ from pydantic import BaseModel, ConfigDict
 from workers.sglang import api
 from workers.sglang.flags import ArgvError, parse_launch_args
 from workers.sglang.resolver import ResolverResult, SGLangResolver, default_sglang_python
-from workers.sglang.rules import Finding, SpecParams, builtin_resolve, normalize_algorithm, requested_params
+from workers.sglang.rules import (
+    Finding,
+    SpecParams,
+    adaptive_fallback_finding,
+    builtin_resolve,
+    normalize_algorithm,
+    requested_params,
+)
 
 Status = Literal["ok", "adjusted", "invalid"]
 EXIT_CODES: dict[str, int] = {"ok": 0, "adjusted": 3, "invalid": 2}
@@ -189,6 +196,9 @@ def _report(
                 )
             )
         effective = from_sglang
+        if sglang.adaptive_fallback_reason is not None:  # SGLang's own words replace the mirror's
+            warnings = [w for w in warnings if w.code != "adaptive_fallback"]
+            warnings.append(adaptive_fallback_finding(sglang.adaptive_fallback_reason))
     elif sglang is not None:
         errors = [_explain_sglang_error(sglang, errors), *errors[1:]]
     if errors:

@@ -1,0 +1,206 @@
+"""``specsweep best OUT --emit DIR``: the launch to deploy, its adaptive alternative, and the drafter's provenance.
+
+Files (each written under a temporary name and renamed):
+
+- ``DIR/deploy.json``: the weights, the static and adaptive candidates with their mix scores, both
+  launch argvs and their validation, which one is recommended, and the drafter's provenance;
+- ``DIR/launch.sh``: the recommended launch as one shell line;
+- ``DIR/adaptive.json``: the ``--speculative-adaptive-config`` file, when a schedule was built.
+
+The launch names the model and drafter as the spec does (a drafter that needed conversion by where
+``specsweep convert`` publishes it, ``--publish-drafter``), and no listen address or node-local path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from analysis.deploy import config_shapes, level_concurrency, plan_deployment
+from harness.results import write_atomic
+from harness.spec import SweepSpec, parse_spec
+from specsweep.errors import ResultsError
+from workers.sglang import deploy as sglang_deploy
+from workers.sglang.rules import read_model_config
+from workers.sglang.validate import validate
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from analysis.select import Selection
+
+CONVERSION_REPORT = "conversion.json"  # what `specsweep convert` writes next to the converted weights
+
+
+def emit(
+    con: duckdb.DuckDBPyConnection,
+    selection: Selection,
+    dest: Path,
+    *,
+    publish_drafter: str | None = None,
+    use_resolver: bool = True,
+) -> dict[str, Any]:
+    """Plan the deployment of ``selection``'s sweep, write the files into ``dest``, return deploy.json's object."""
+    spec = _sweep_spec(con)
+    deployment = plan_deployment(
+        selection, config_shapes(con), level_concurrency(con), spec.deploy_weights or None
+    )
+    argvs = _measured_args(con)
+    drafter = _drafter_provenance(con, spec, publish_drafter)
+    python = spec.sglang_python or "python3"
+
+    def portable(label: str) -> list[str]:
+        return sglang_deploy.deploy_args(
+            argvs[label], model_path=spec.model_path, draft_path=drafter["published"] if drafter else None
+        )
+
+    static_args = portable(deployment.static.config_label)
+    dest.mkdir(parents=True, exist_ok=True)
+    check = _validator(spec, con, use_resolver)
+    result: dict[str, Any] = {
+        "sweep_id": selection.sweep_id,
+        "objective": selection.objective,
+        "slos": list(selection.slos),
+        "request_slos": list(selection.request_slos),
+        "weights": deployment.weights,
+        "recommended": deployment.recommended,
+        "static": {
+            **dataclasses.asdict(deployment.static),
+            "argv": sglang_deploy.command(python, static_args),
+            "validation": check(static_args, None),
+        },
+        "adaptive": None,
+        "adaptive_note": deployment.adaptive_note,
+        "drafter": drafter,
+    }
+    if deployment.adaptive is not None:
+        schedule = deployment.adaptive.steps_by_batch_size
+        config_path = dest.resolve() / "adaptive.json"
+        config = sglang_deploy.adaptive_config(schedule)
+        write_atomic(config_path, (json.dumps(config, indent=2) + "\n").encode())
+        adaptive_args = sglang_deploy.adaptive_args(
+            portable(deployment.adaptive.chain_label), schedule, str(config_path)
+        )
+        result["adaptive"] = {
+            **dataclasses.asdict(deployment.adaptive),
+            "config": config,
+            "argv": sglang_deploy.command(python, adaptive_args),
+            "validation": check(adaptive_args, config_path),
+        }
+    chosen = result[deployment.recommended]["argv"]
+    write_atomic(dest / "launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
+    write_atomic(dest / "deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
+    return result
+
+
+def _sweep_spec(con: duckdb.DuckDBPyConnection) -> SweepSpec:
+    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
+    if not rows or not rows[0][0]:
+        raise ResultsError(
+            "the sweep row holds no spec, so the model and drafter to deploy are unknown",
+            where="--emit",
+            fix="emit from the output directory of `specsweep run` (OUT/sweep/... holds the spec)",
+        )
+    return parse_spec(yaml.safe_load(rows[0][0]), source="the sweep's spec")
+
+
+def _measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Per config label, the SGLang arguments its first done job ran with."""
+    rows = con.sql(
+        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs WHERE status = 'done' GROUP BY 1"
+    ).fetchall()
+    return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
+
+
+def _drafter_provenance(
+    con: duckdb.DuckDBPyConnection, spec: SweepSpec, publish_drafter: str | None
+) -> dict[str, Any] | None:
+    """Where the deployed drafter lives, where it came from, and how to publish it there."""
+    if spec.drafter is None:
+        return None
+    source = spec.drafter.path
+    measured = [
+        row[0]
+        for row in con.sql(
+            "SELECT DISTINCT draft_model_path FROM jobs WHERE draft_model_path IS NOT NULL ORDER BY 1"
+        ).fetchall()
+    ]
+    needs_conversion = spec.drafter.format != "sglang"
+    published = publish_drafter or (source.rstrip("/") + "-sglang" if needs_conversion else source)
+    conversion = None
+    for path in measured:
+        report = Path(path) / CONVERSION_REPORT
+        if report.is_file():
+            conversion = json.loads(report.read_text())
+            break
+    return {
+        "source": source,
+        "format": spec.drafter.format,
+        "published": published,
+        "publish_command": ["specsweep", "convert", source, published, "--target-config", spec.model_path]
+        if needs_conversion
+        else None,
+        "measured_copies": measured,
+        "conversion": conversion,
+    }
+
+
+def _validator(spec: SweepSpec, con: duckdb.DuckDBPyConnection, use_resolver: bool) -> Any:
+    """Validate a deploy launch against the configs this machine can read (the spec's model directory, or
+    the measured drafter copy); without the target's config SGLang's resolver cannot run, the builtin can."""
+    target = spec.model_path if read_model_config(spec.model_path) is not None else None
+    drafts = [
+        row[0]
+        for row in con.sql(
+            "SELECT DISTINCT draft_model_path FROM jobs WHERE draft_model_path IS NOT NULL"
+        ).fetchall()
+    ]
+    draft = next((d for d in drafts if read_model_config(d) is not None), None)
+
+    def check(args: list[str], config_path: Path | None) -> dict[str, Any]:
+        report = validate(
+            args,
+            use_resolver=use_resolver and target is not None,
+            target_config_dir=target,
+            draft_config_dir=draft,
+        )
+        return {"status": report.status, "checked_by": report.checked_by, **report.to_json_dict()}
+
+    return check
+
+
+def describe(result: dict[str, Any], dest: Path) -> str:
+    """What ``best --emit`` prints after the ranking."""
+    static = result["static"]
+    lines = [
+        "",
+        f"deploy ({dest}): recommended {result['recommended']}; load mix weights {result['weights']}",
+        f"   static: {static['config_label']!r}, mix score {static['mix_score']:.3f} of the per-level best; "
+        f"validate {static['validation']['status']}",
+    ]
+    adaptive = result["adaptive"]
+    if adaptive is not None:
+        schedule = ", ".join(
+            f"batch >= {bs}: {steps} steps" for bs, steps in adaptive["steps_by_batch_size"].items()
+        )
+        lines.append(
+            f"   adaptive: {schedule}; expected mix score {adaptive['mix_score']:.3f}; "
+            f"validate {adaptive['validation']['status']} ({', '.join(adaptive['validation']['checked_by'])})"
+        )
+        for level, what in adaptive["gives_up"].items():
+            lines.append(f"      gives up at {level}: {what}")
+    else:
+        lines.append(f"   adaptive: none ({result['adaptive_note']})")
+    if result["drafter"] is not None:
+        publish = result["drafter"]["publish_command"]
+        lines.append(
+            f"   drafter: {result['drafter']['published']}"
+            + (f" (publish it: {shlex.join(publish)})" if publish else "")
+        )
+    lines.append(f"   launch: {dest / 'launch.sh'}")
+    return "\n".join(lines)

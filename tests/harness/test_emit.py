@@ -1,0 +1,145 @@
+"""best --emit: a portable launch, an adaptive schedule SGLang itself loads and routes, and the mix choice."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.deploy import config_shapes, level_concurrency, plan_deployment
+from analysis.select import select_best
+from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
+from analysis.views import connect
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+KIMI = str(FIXTURES / "kimi-k2")
+DRAFT = str(FIXTURES / "eagle3-draft")
+CONFIGS = (
+    SyntheticConfig("baseline"),
+    SyntheticConfig("chain d=4", "EAGLE3", 3, 1, 4, accept_length=2.6, step_cost=1.1),
+    SyntheticConfig("chain d=8", "EAGLE3", 7, 1, 8, accept_length=3.4, step_cost=2.2),
+    SyntheticConfig("tree s=3 k=4 n=8", "EAGLE3", 3, 4, 8, accept_length=3.0, step_cost=1.9),
+)
+SPEC = f"""engine: sglang
+model_path: {KIMI}
+drafter:
+  path: {DRAFT}
+  format: speculators
+speculative:
+  algorithm: EAGLE3
+  chain_depths: [4, 8]
+  num_steps: [3]
+  topk: [4]
+  num_draft_tokens: [8]
+load:
+  concurrency: [1, 16, 64]
+  requests_per_level: 300
+deploy_weights:
+  concurrency=1: 1
+  concurrency=16: 2
+  concurrency=64: 1
+"""
+
+# SGLang's own loader and router, run in the resolver venv on the emitted file.
+SGLANG_ROUTE = """
+import json, sys
+from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams, _load_adaptive_config
+path, initial = sys.argv[1], int(sys.argv[2])
+_load_adaptive_config(path)
+params = AdaptiveSpeculativeParams(initial, path)
+print(json.dumps({bs: params.get_steps_for_batch(bs) for bs in (1, 8, 16, 40, 64, 200)}))
+"""
+
+
+def _sweep(out: Path, configs: tuple[SyntheticConfig, ...] = CONFIGS) -> None:
+    sweep = SyntheticSweep(
+        configs=configs, concurrencies=(1, 16, 64), requests_per_level=300, seed=7, model_path=KIMI,
+        draft_model_path=DRAFT,
+    )  # fmt: skip
+    write_sweep(out, sweep, spec_text=SPEC)
+
+
+def test_best_emit_writes_portable_launch_and_adaptive_schedule_sglang_routes_when_chains_win(
+    tmp_path: Path, sglang_python: str
+) -> None:
+    """The emitted launches name the spec's model and the published drafter (no host, port or node path);
+    the adaptive config holds each level's winning chain depth (0 where no speculation wins), validates
+    `ok` with SGLang's resolver, and SGLang's own AdaptiveSpeculativeParams routes batch sizes to it."""
+    out, dest = tmp_path / "out", tmp_path / "deploy"
+    _sweep(out)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "best", str(out), "--emit", str(dest)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "recommended adaptive" in done.stdout
+    result = json.loads((dest / "deploy.json").read_text())
+    adaptive = result["adaptive"]
+    assert adaptive["chosen"] == {
+        "concurrency=1": "chain d=4",
+        "concurrency=16": "chain d=4",
+        "concurrency=64": "baseline",
+    }
+    assert json.loads((dest / "adaptive.json").read_text()) == {
+        "1": {"candidate_steps": [3]}, "16": {"candidate_steps": [3]}, "64": {"candidate_steps": [0]},
+    }  # fmt: skip
+    assert adaptive["validation"]["status"] == "ok"
+    assert adaptive["validation"]["checked_by"] == ["builtin", "sglang 0.5.23"]
+    published = DRAFT + "-sglang"
+    assert result["drafter"]["publish_command"] == [
+        "specsweep",
+        "convert",
+        DRAFT,
+        published,
+        "--target-config",
+        KIMI,
+    ]
+    for argv in (adaptive["argv"], result["static"]["argv"]):
+        assert "--host" not in argv and "--port" not in argv and not any("/tmp/specsweep" in a for a in argv)
+        assert argv[argv.index("--model-path") + 1] == KIMI
+        assert argv[argv.index("--speculative-draft-model-path") + 1] == published
+    assert "--speculative-adaptive" in (dest / "launch.sh").read_text()
+    routed = subprocess.run(
+        [sglang_python, "-c", SGLANG_ROUTE, str(dest / "adaptive.json"), "3"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    steps = json.loads(routed.stdout.strip().splitlines()[-1])
+    assert steps == {"1": 3, "8": 3, "16": 3, "40": 3, "64": 0, "200": 0}
+
+
+def test_plan_deployment_reports_what_schedule_gives_up_when_tree_wins_level(tmp_path: Path) -> None:
+    """Where a tree wins a level the adaptive schedule uses the best chain or baseline there and says
+    what it gives up; the recommendation is whichever scores higher on the weighted mix."""
+    tree_wins_low = (
+        *CONFIGS[:3],
+        SyntheticConfig("tree s=3 k=4 n=8", "EAGLE3", 3, 4, 8, accept_length=3.9, step_cost=1.2),
+    )
+    _sweep(tmp_path, tree_wins_low)
+    con = connect(tmp_path)
+    selection = select_best(con, tmp_path)
+    assert selection.levels[0].winner is not None
+    assert selection.levels[0].winner.config_label == "tree s=3 k=4 n=8"
+    deployment = plan_deployment(selection, config_shapes(con), level_concurrency(con))
+    adaptive = deployment.adaptive
+    assert adaptive is not None and "concurrency=1" in adaptive.gives_up
+    assert "tree s=3 k=4 n=8" in adaptive.gives_up["concurrency=1"]
+    assert adaptive.chosen["concurrency=1"].startswith("chain")
+    better = max(deployment.static.mix_score, adaptive.mix_score)
+    chosen = adaptive.mix_score if deployment.recommended == "adaptive" else deployment.static.mix_score
+    assert chosen == better
+
+
+def test_plan_deployment_refuses_weights_when_level_unknown(tmp_path: Path) -> None:
+    """A load-mix weight on a level the sweep did not rank is a user error naming the levels."""
+    from specsweep.errors import ResultsError
+
+    _sweep(tmp_path)
+    con = connect(tmp_path)
+    with pytest.raises(ResultsError, match="concurrency=2") as info:
+        plan_deployment(
+            select_best(con, tmp_path), config_shapes(con), level_concurrency(con), {"concurrency=2": 1}
+        )
+    assert "concurrency=16" in str(info.value.fix)

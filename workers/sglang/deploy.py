@@ -1,0 +1,93 @@
+"""SGLang 0.5.23 launch commands to deploy: a measured launch made portable, and an adaptive schedule.
+
+A measured launch names where the sweep ran it (``--host``, ``--port``, a node-local converted drafter);
+the command a team deploys names the model and drafter where the team keeps them and no listen address.
+``--speculative-adaptive`` with ``--speculative-adaptive-config FILE`` serves a different draft depth per
+batch size from one launch: the JSON maps batch-size thresholds (strings of digits) to
+``{"candidate_steps": [...]}``, step 0 meaning no drafting; SGLang routes a batch to the largest
+threshold at or below its size (``AdaptiveSpeculativeParams._find_closest_bs``), and a slot with one
+candidate keeps that depth (its EMA has nowhere to move). It needs a topk-1 chain, and the launch's
+``--speculative-num-steps`` must be one of the candidates (``_init_adaptive_speculative_params``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workers.sglang import api
+from workers.sglang.rules import SPEC_FLAGS, adaptive_config_problem
+
+LISTEN_FLAGS = ("--host", "--port")
+MODEL_FLAG = "--model-path"
+DRAFT_FLAG = "--speculative-draft-model-path"
+ADAPTIVE_CONFIG_FLAG = "--speculative-adaptive-config"
+LAUNCH_MODULE = ("-m", "sglang.launch_server")
+
+
+def launch_args(argv: Sequence[str]) -> list[str]:
+    """The SGLang arguments of a process argv (``python -m <module> ARGS``), without the program."""
+    return list(argv[3:]) if len(argv) >= 3 and argv[1] == "-m" else list(argv)
+
+
+def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None) -> list[str]:
+    """``args`` without a listen address, with the model and drafter paths to deploy."""
+    out: list[str] = []
+    skip = False
+    for token in args:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in LISTEN_FLAGS:
+            skip = "=" not in token
+            continue
+        out.append(token)
+    out = _with_value(out, MODEL_FLAG, model_path)
+    if draft_path is not None and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out):
+        out = _with_value(out, DRAFT_FLAG, draft_path)
+    return out
+
+
+def _with_value(args: list[str], flag: str, value: str) -> list[str]:
+    out = list(args)
+    for i, token in enumerate(out):
+        if token == flag and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if token.startswith(flag + "="):
+            out[i] = f"{flag}={value}"
+            return out
+    return [*out, flag, value]
+
+
+def adaptive_config(steps_by_batch_size: Mapping[int, int]) -> dict[str, Any]:
+    """The adaptive config file's JSON: one fixed depth per batch-size threshold (0 = no drafting)."""
+    config = {str(bs): {"candidate_steps": [steps]} for bs, steps in sorted(steps_by_batch_size.items())}
+    problem = adaptive_config_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
+    return config
+
+
+def adaptive_args(
+    chain_args: Sequence[str], steps_by_batch_size: Mapping[int, int], config_path: str
+) -> list[str]:
+    """A topk-1 chain's launch turned adaptive: starts at the deepest scheduled depth (every candidate's
+    buffers are sized by the deepest), topk 1, draft tokens = steps + 1, the schedule in ``config_path``."""
+    steps = max(steps_by_batch_size.values())
+    out = list(chain_args)
+    for dest, value in (
+        (api.SPEC_NUM_STEPS, steps),
+        (api.SPEC_EAGLE_TOPK, 1),
+        (api.SPEC_NUM_DRAFT_TOKENS, steps + 1),
+    ):
+        out = _with_value(out, SPEC_FLAGS[dest], str(value))
+    if SPEC_FLAGS[api.SPEC_ADAPTIVE] not in out:
+        out.append(SPEC_FLAGS[api.SPEC_ADAPTIVE])
+    return _with_value(out, ADAPTIVE_CONFIG_FLAG, config_path)
+
+
+def command(python: str, args: Sequence[str]) -> list[str]:
+    """The full argv that starts SGLang with ``args``."""
+    return [python, *LAUNCH_MODULE, *args]
