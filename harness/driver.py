@@ -386,7 +386,7 @@ class Driver:
         if not self.queue.holds(lease.job_id, lease.token):
             self.queue.event("stale_result", f"attempt {lease.attempt} ignored: lease gone", lease.job_id)
             return
-        commit_attempt(self.out, job.sweep_id, result, ("requests", "levels", "jobs"))
+        commit_attempt(self.out, job.sweep_id, result, tuple(result.files))
         self.queue.complete(lease, node=result.node_host, worker_s=result.worker_s)
         self._job_seconds.append(time.monotonic() - slot.since)
         self.progress.event(

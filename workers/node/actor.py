@@ -4,8 +4,9 @@ For each job: preflight (the slot's GPUs idle, or the job fails naming the PIDs 
 server a previous worker left behind, found through the node-local pid file, is killed), convert the
 drafter once per node (the converter's cache), launch the server and wait for ``/health`` while
 watching it, check the live ``/server_info`` against the plan (config_mismatch), warm up, run each
-load level (cache flushed before each), snapshot ``/server_info`` and ``/metrics``, stop the server
-(and confirm its process group is gone), and write the attempt's Parquet files.
+load level (cache flushed before each) while ``workers.node.telemetry`` samples the server's
+``/metrics`` and the slot's GPUs, snapshot ``/server_info`` and ``/metrics``, stop the server (and
+confirm its process group is gone), and write the attempt's Parquet files.
 
 The class is plain Python; the driver wraps it with ``ray.remote`` (``max_restarts=0``, two threads so
 ``cancel`` can run while ``run_job`` does). Every failure it can name becomes an ``AttemptResult``
@@ -20,9 +21,9 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analysis import layout
 from analysis.schema import (
@@ -52,8 +53,14 @@ from workers.node.launcher import (
 )
 from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
 from workers.node.records import AttemptFacts, job_record
+from workers.node.telemetry import AttemptTelemetry
 from workers.sglang import SpecParams, api
 from workers.sglang.rules import normalize_algorithm
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from workers.load.workloads import Workload
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,7 @@ class _Attempt:
     token: str
     facts: AttemptFacts
     entered: float  # time.monotonic() when run_job was called
+    telemetry: dict[str, pa.Table] = field(default_factory=dict)  # server_metrics, gpu_metrics
 
 
 def config_mismatches(planned: SpecParams, live: SpecParams) -> list[str]:
@@ -189,9 +197,6 @@ class NodeWorker:
     def _measure(
         self, state: _Attempt, server: ServerProcess
     ) -> tuple[list[RequestRecord], list[LevelRecord]]:
-        from analysis.levels import summarize_level
-        from workers.load.generator import run_load
-
         job = state.job
         startup_s = wait_healthy(server, job.timeouts.startup_s)
         state.facts = replace(state.facts, startup_s=startup_s)
@@ -203,9 +208,40 @@ class NodeWorker:
         workload = job.load.workload.model_copy(update={"seed": job.seed})
         requests: list[RequestRecord] = []
         levels: list[LevelRecord] = []
+        telemetry = AttemptTelemetry.start(
+            job.telemetry,
+            server.url,
+            self.gpu_ids,
+            layout.telemetry_samples(self.out, job.job_id, state.attempt),
+        )
+        state.facts = replace(
+            state.facts, server_metrics_off=telemetry.server_off, gpu_metrics_off=telemetry.gpu_off
+        )
+        try:
+            self._run_levels(state, server, telemetry, workload, requests, levels)
+        finally:
+            state.telemetry = telemetry.stop(job.sweep_id, job.job_id)
+        self._snapshot_metrics(server, state)
+        return requests, levels
+
+    def _run_levels(
+        self,
+        state: _Attempt,
+        server: ServerProcess,
+        telemetry: AttemptTelemetry,
+        workload: Workload,
+        requests: list[RequestRecord],
+        levels: list[LevelRecord],
+    ) -> None:
+        from analysis.levels import summarize_level
+        from workers.load.generator import run_load
+
+        job = state.job
         for level in job.load.levels(seed=job.seed, request_timeout_s=min(600.0, job.timeouts.level_s)):
             self._check_cancel()
+            entered_ns = time.perf_counter_ns()
             result = run_load(server.url, level, workload)
+            telemetry.level(level.label, entered_ns, result.t0_ns)
             self._check_cancel()
             self._check_alive(server)
             info = self._server_info(server)
@@ -224,9 +260,7 @@ class NodeWorker:
                     client_delay_p99_us=result.client_delay.p99_us,
                 )
             )
-        self._snapshot_metrics(server, state)
-        state.facts = replace(state.facts, server_info=info)
-        return requests, levels
+            state.facts = replace(state.facts, server_info=info)
 
     # --- steps ------------------------------------------------------------------------------------------
 
@@ -336,7 +370,12 @@ class NodeWorker:
         )
         tables = {"jobs": jobs_table([record])}
         if error_class is None:
-            tables = {"requests": requests_table(requests), "levels": levels_table(levels), **tables}
+            tables = {
+                "requests": requests_table(requests),
+                "levels": levels_table(levels),
+                **state.telemetry,
+                **tables,
+            }
         files = {}
         for name, table in tables.items():
             path = layout.attempt_path(self.out, state.job.job_id, state.attempt, name)

@@ -111,7 +111,9 @@ class SimServer:
         self.config = config
         self.settings = settings
         self.loaded = False
-        self.metrics = SimMetrics(config.served_model_name, config.spec)
+        self.metrics = SimMetrics(
+            config.served_model_name, config.spec, config.resolved_args.get("max_total_tokens")
+        )
         self.engine: SimEngine | None = None
         self._engine_task: asyncio.Task[None] | None = None
         self._loader: asyncio.Task[None] | None = None
@@ -342,6 +344,7 @@ class SimServer:
                 body.get("sampling_params") or {}, default_max=DEFAULT_MAX_NEW_TOKENS
             )
             sim_request = self._new_request(prompt, params, body.get("rid"))
+            sim_request.streaming = bool(body.get("stream"))
         except BadRequest as exc:
             return error_response(str(exc), "BadRequestError", 400)
         if not body.get("stream"):
@@ -435,6 +438,7 @@ class SimServer:
             default_max = self.config.context_length // 2 if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
             params = GenerationParams.parse(body, default_max=default_max, max_key=max_key)
             sim_request = self._new_request(prompt, params, None)
+            sim_request.streaming = bool(body.get("stream"))
         except BadRequest as exc:
             return error_response(str(exc), "BadRequestError", 400)
         self._engine().submit(sim_request)
