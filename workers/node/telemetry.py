@@ -27,13 +27,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from analysis.schema import TelemetryRecord, telemetry_table
-from workers.job import TelemetrySpec
-from workers.sglang import api
+
+if TYPE_CHECKING:
+    from workers.job import TelemetrySpec
+
+# The GPU sampler's path imports only pyarrow and nvidia-ml-py (not pydantic), so the standalone command
+# runs with a bare CUDA image's python; workers.sglang (its paths) is imported where the server is read.
 
 SERVER = "server_metrics"
 GPU = "gpu_metrics"
@@ -79,6 +83,8 @@ class ServerScraper:
     table = SERVER
 
     def __init__(self, base_url: str, timeout_s: float) -> None:
+        from workers.sglang import api
+
         self.url = base_url.rstrip("/") + api.METRICS
         self.timeout_s = timeout_s
         self.failures = 0
@@ -156,7 +162,7 @@ class GpuSampler:
 
 
 @dataclass
-class _Loop:
+class SamplerLoop:
     """One sampler on its own thread, at fixed absolute times (lateness does not accumulate)."""
 
     sampler: ServerScraper | GpuSampler
@@ -174,7 +180,7 @@ class _Loop:
             stop.wait(max(0.0, (due - time.perf_counter_ns()) / 1e9))
 
 
-def sample(loops: list[_Loop], until: Callable[[], None]) -> pa.Table:
+def sample(loops: list[SamplerLoop], until: Callable[[], None]) -> pa.Table:
     """Run every loop on its thread until ``until`` returns; their samples as one RAW_SCHEMA table."""
     stop = threading.Event()
     threads = [threading.Thread(target=loop.run, args=(stop,), daemon=True) for loop in loops]
@@ -220,6 +226,7 @@ class AttemptTelemetry:
     def start(cls, spec: TelemetrySpec, server_url: str, gpus: list[int], out: Path) -> AttemptTelemetry:
         """Start sampling what can be sampled; the reasons for what cannot are kept for the jobs row."""
         from workers.node.launcher import http_get
+        from workers.sglang import api
 
         server_off = gpu_off = None
         argv = [sys.executable, "-m", "workers.node.telemetry", "--until-stdin-closes", "--out", str(out)]
@@ -311,23 +318,26 @@ def _gpu_indices(text: str) -> list[int] | None:
     return None if text == "all" else [int(part) for part in text.split(",") if part]
 
 
-def _print_summary(table: pa.Table, out: IO[str]) -> None:
+def summarize(table: pa.Table) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """(labels, metric) -> (mean, max, samples) over a RAW_SCHEMA table."""
+    by_key: dict[tuple[str, str], list[float]] = {}
+    for labels, metric, value in zip(
+        table["labels"].to_pylist(), table["metric"].to_pylist(), table["value"].to_pylist(), strict=True
+    ):
+        by_key.setdefault((labels, metric), []).append(value)
+    return {key: (sum(v) / len(v), max(v), len(v)) for key, v in sorted(by_key.items())}
+
+
+def _print_samples(table: pa.Table, out: IO[str]) -> None:
     """Each reading, then mean and max per GPU and metric."""
     rows = table.to_pylist()
     start = rows[0]["clock_ns"] if rows else 0
-    by_key: dict[tuple[str, str], list[float]] = {}
     for row in rows:
-        print(
-            f"{(row['clock_ns'] - start) / 1e9:8.3f}s {row['labels']} {row['metric']} {row['value']:g}",
-            file=out,
-        )
-        by_key.setdefault((row["labels"], row["metric"]), []).append(row["value"])
+        elapsed = (row["clock_ns"] - start) / 1e9
+        print(f"{elapsed:8.3f}s {row['labels']} {row['metric']} {row['value']:g}", file=out)
     print("summary (mean / max over the samples):", file=out)
-    for (labels, metric), values in sorted(by_key.items()):
-        print(
-            f"  {labels} {metric}: {sum(values) / len(values):.1f} / {max(values):g} ({len(values)} samples)",
-            file=out,
-        )
+    for (labels, metric), (mean, top, count) in summarize(table).items():
+        print(f"  {labels} {metric}: {mean:.1f} / {top:g} ({count} samples)", file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,13 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     gpu_off = None
     if args.gpus:
         try:
-            loops.append(_Loop(GpuSampler(_gpu_indices(args.gpus)), args.interval_s))
+            loops.append(SamplerLoop(GpuSampler(_gpu_indices(args.gpus)), args.interval_s))
         except GpuUnavailable as err:
             gpu_off = str(err)
             print(f"GPU sampling off: {gpu_off}", file=sys.stderr)
     if args.metrics_url:
         loops.append(
-            _Loop(
+            SamplerLoop(
                 ServerScraper(args.metrics_url, timeout_s=max(args.metrics_interval_s, 5.0)),
                 args.metrics_interval_s,
             )
@@ -377,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
 
         write_parquet_atomic(table, args.out)
     else:
-        _print_summary(table, sys.stdout)
+        _print_samples(table, sys.stdout)
     return 0
 
 
