@@ -306,6 +306,9 @@ JOBS_SCHEMA = pa.schema(
 # ---------------------------------------------------------------------------------------------------
 
 TELEMETRY_TABLES: tuple[str, ...] = ("server_metrics", "gpu_metrics")
+# gpu_metrics readings the report plots (every reading is listed in docs/results.md).
+GPU_POWER_W = "power_w"
+GPU_SM_CLOCK_MHZ = "sm_clock_mhz"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,12 +21,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def server_timeline() -> tuple[tuple[str, str], ...]:
+    """SGLang's /metrics samples the report plots over each level's time, with their axis labels."""
+    from workers.sglang import api
+
+    return (
+        (api.METRIC_NUM_RUNNING, "running requests"),
+        (api.METRIC_NUM_QUEUE, "queued requests"),
+        (api.METRIC_TOKEN_USAGE, "KV pool in use"),
+        (api.METRIC_SPEC_ACCEPT_LENGTH, "accept length"),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from analysis.report import render_report, write_report
 
     con, selection = selection_from_args(args)
     try:
-        html = render_report(con, selection)
+        html = render_report(con, selection, server_timeline())
     finally:
         con.close()
     target = write_report(html, args.output or args.out / "report.html")

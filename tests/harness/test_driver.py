@@ -243,6 +243,12 @@ def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
     offs = con.execute("SELECT DISTINCT server_metrics_off IS NULL, gpu_metrics_off FROM jobs").fetchall()
     assert len(offs) == 1 and offs[0][0] is True and offs[0][1]
     assert con.execute("SELECT count(*) FROM gpu_metrics").fetchone() == (0,)
+    report = tmp_path / "report.html"
+    assert main(["report", str(out), "-o", str(report)]) == 0
+    page = report.read_text()
+    server_plot = page[page.index("id='plot-server-timeline'") : page.index("id='plot-gpu-timeline'")]
+    assert "<svg" in server_plot and "not sampled" not in server_plot
+    assert "not sampled: NVML did not start" in page[page.index("id='plot-gpu-timeline'") :]
 
 
 def test_driver_refuses_second_driver_when_sweep_is_locked(

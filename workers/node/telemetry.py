@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from analysis.schema import TelemetryRecord, telemetry_table
+from analysis.schema import GPU_POWER_W, GPU_SM_CLOCK_MHZ, TelemetryRecord, telemetry_table
 
 if TYPE_CHECKING:
     from workers.job import TelemetrySpec
@@ -139,8 +139,8 @@ class GpuSampler:
             "gpu_utilization_pct": lambda: nv.nvmlDeviceGetUtilizationRates(handle).gpu,
             "memory_utilization_pct": lambda: nv.nvmlDeviceGetUtilizationRates(handle).memory,
             "memory_used_bytes": lambda: nv.nvmlDeviceGetMemoryInfo(handle).used,
-            "power_w": lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-            "sm_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM),
+            GPU_POWER_W: lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+            GPU_SM_CLOCK_MHZ: lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM),
             "temperature_c": lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU),
             # NVML's clocks-event (throttle) reason bitmask: 0 none, 0x1 idle, 0x4 power cap, 0x20 SW thermal, ...
             "throttle_reasons": lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle),
