@@ -174,6 +174,11 @@ class TelemetrySpec(StrictModel):
         description="Seconds between NVML samples of the slot's GPUs (utilisation, memory, power, SM clock, "
         "temperature, throttle reasons); off on nodes without NVIDIA GPUs, the jobs row says why; null: off.",
     )
+    profile_steps: PositiveInt | None = Field(
+        default=None,
+        description="Capture SGLang's profiler for this many forward steps at the start of each level "
+        "(/start_profile; traces under OUT/logs/<job_id>/attempt-<n>/profile/<level>/ on the node); null: off.",
+    )
 
 
 class DrafterSpec(StrictModel):

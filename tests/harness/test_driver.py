@@ -219,7 +219,7 @@ def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
             "workload": {"kind": "random_ids", "input_tokens": 8, "output_tokens": 512, "vocab_size": 256},
         },
         env={"SPECSWEEP_SIM_TIME_SCALE": "1.0"},
-        telemetry={"server_metrics_interval_s": 0.05},
+        telemetry={"server_metrics_interval_s": 0.05, "profile_steps": 3},
     )
     summary, log = run(spec)
     assert summary.counts["done"] == 2, log
@@ -244,6 +244,8 @@ def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
     offs = con.execute("SELECT DISTINCT server_metrics_off IS NULL, gpu_metrics_off FROM jobs").fetchall()
     assert len(offs) == 1 and offs[0][0] is True and offs[0][1]
     assert con.execute("SELECT count(*) FROM gpu_metrics").fetchone() == (0,)
+    for job_id, level, *_ in compared:  # each level's bounded profiler capture, next to the server log
+        assert (out / "logs" / job_id / "attempt-1" / "profile" / level).is_dir(), (job_id, level)
     report = tmp_path / "report.html"
     assert main(["report", str(out), "-o", str(report)]) == 0
     page = report.read_text()

@@ -185,3 +185,19 @@ def test_telemetry_command_says_gpu_sampling_is_off_when_host_has_no_nvidia_gpu(
     assert "GPU sampling off: NVML did not start" in done.stderr
     assert "summary (mean / max over the samples):" in done.stdout
     assert json.dumps({"gpu_off": None}) not in done.stdout
+
+
+def test_start_profile_writes_placeholder_trace_when_server_is_simulated(
+    sim: ServerProcess, tmp_path: Path
+) -> None:
+    """/start_profile with a step bound: the simulator accepts it and writes its placeholder trace where
+    SGLang would write the profiler's; a server that does not answer gives a reason, not an exception."""
+    from workers.node.preflight import pick_free_port
+    from workers.node.telemetry import start_profile
+
+    out = tmp_path / "profile" / "concurrency=2"
+    assert start_profile(sim.url, out, "concurrency-2", 5) is None
+    trace = json.loads((out / "concurrency-2-sim.trace.json").read_text())
+    assert trace["traceEvents"] == [] and trace[api.PROFILE_NUM_STEPS] == 5
+    problem = start_profile(f"http://127.0.0.1:{pick_free_port('127.0.0.1')}", out, "x", 5)
+    assert problem is not None and problem.startswith("/start_profile failed")

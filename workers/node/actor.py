@@ -53,7 +53,7 @@ from workers.node.launcher import (
 )
 from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
 from workers.node.records import AttemptFacts, job_record
-from workers.node.telemetry import AttemptTelemetry
+from workers.node.telemetry import AttemptTelemetry, start_profile
 from workers.sglang import SpecParams, api
 from workers.sglang.rules import normalize_algorithm
 
@@ -240,6 +240,8 @@ class NodeWorker:
         for level in job.load.levels(seed=job.seed, request_timeout_s=min(600.0, job.timeouts.level_s)):
             self._check_cancel()
             entered_ns = time.perf_counter_ns()
+            if job.telemetry.profile_steps is not None:
+                self._profile(state, server, level.label)
             result = run_load(server.url, level, workload)
             telemetry.level(level.label, entered_ns, result.t0_ns)
             self._check_cancel()
@@ -313,6 +315,14 @@ class NodeWorker:
                 f"{api.HEALTH} answered {status or 'nothing'} mid-run",
                 server.log_tail(),
             )
+
+    def _profile(self, state: _Attempt, server: ServerProcess, label: str) -> None:
+        """Start a bounded profiler capture for the level (its traces land next to the server log)."""
+        out = layout.log_dir(self.out, state.job.job_id, state.attempt) / "profile" / label
+        steps = state.job.telemetry.profile_steps or 0
+        problem = start_profile(server.url, out, label.replace("=", "-"), steps)
+        if problem:
+            log.warning("job %s level %s: no profile: %s", state.job.job_id, label, problem)
 
     def _snapshot_metrics(self, server: ServerProcess, state: _Attempt) -> None:
         """Keep /metrics next to the server log (Prometheus text; absent without --enable-metrics)."""

@@ -202,6 +202,27 @@ def sample(loops: list[SamplerLoop], until: Callable[[], None]) -> pa.Table:
 # --------------------------------------------------------------------------------------------------
 
 
+def start_profile(server_url: str, out_dir: Path, prefix: str, steps: int) -> str | None:
+    """Ask the server to capture ``steps`` forward steps of its profiler into ``out_dir`` (it stops by
+    itself); None when it agreed, else what went wrong (a failed capture never fails the level)."""
+    import urllib.error
+    import urllib.request
+
+    from workers.sglang import api
+
+    body = {api.PROFILE_OUTPUT_DIR: str(out_dir), api.PROFILE_NUM_STEPS: steps, api.PROFILE_PREFIX: prefix}
+    request = urllib.request.Request(
+        server_url + api.START_PROFILE,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60.0) as reply:
+            return None if reply.status == 200 else f"{api.START_PROFILE} answered {reply.status}"
+    except (urllib.error.URLError, OSError) as err:
+        return f"{api.START_PROFILE} failed: {err}"
+
+
 @dataclass(frozen=True, slots=True)
 class LevelWindow:
     """When one level ran: samples between ``entered_ns`` and ``left_ns`` belong to it."""

@@ -22,6 +22,11 @@ GENERATE = "/generate"
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 METRICS = "/metrics"
+START_PROFILE = "/start_profile"  # POST ProfileReq JSON; with num_steps it stops by itself
+STOP_PROFILE = "/stop_profile"
+PROFILE_OUTPUT_DIR = "output_dir"  # ProfileReq fields: where the server writes its traces
+PROFILE_NUM_STEPS = "num_steps"  # forward steps to capture
+PROFILE_PREFIX = "profile_prefix"  # trace file name prefix
 
 # --- streaming ---------------------------------------------------------------------------------------
 SSE_DATA_PREFIX = b"data: "
