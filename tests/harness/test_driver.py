@@ -244,6 +244,17 @@ def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
     offs = con.execute("SELECT DISTINCT server_metrics_off IS NULL, gpu_metrics_off FROM jobs").fetchall()
     assert len(offs) == 1 and offs[0][0] is True and offs[0][1]
     assert con.execute("SELECT count(*) FROM gpu_metrics").fetchone() == (0,)
+    counted = con.execute(
+        "SELECT m.metric, m.kind, m.delta, m.rate_per_s FROM server_metrics_by_level m JOIN jobs j USING (job_id) "
+        "WHERE m.metric IN ('sglang:spec_verify_calls_total', 'sglang:num_running_reqs') "
+        "AND j.effective_speculative_algorithm IS NOT NULL"
+    ).fetchall()
+    assert sorted(kind for _, kind, *_ in counted) == ["counter"] * 2 + ["gauge"] * 2
+    for metric, kind, delta, rate in counted:  # counters: what the level added, and per second
+        if kind == "counter":
+            assert delta > 0 and rate > 0, (metric, delta, rate)
+        else:
+            assert delta is None and rate is None, metric
     for job_id, level, *_ in compared:  # each level's bounded profiler capture, next to the server log
         assert (out / "logs" / job_id / "attempt-1" / "profile" / level).is_dir(), (job_id, level)
     report = tmp_path / "report.html"
