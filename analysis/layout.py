@@ -6,9 +6,12 @@ driver, the node workers and the analysis share.
     OUT/sweep.yaml                                                       the spec as run
     OUT/queue.sqlite                                                     the durable queue (driver only)
     OUT/logs/<job_id>/attempt-<n>/server.log                             each attempt's server log
-    OUT/_attempts/<job_id>/attempt-<n>/{requests,levels,jobs}.parquet   one worker attempt
+    OUT/logs/<job_id>/attempt-<n>/telemetry.parquet                     the sampler's raw samples
+    OUT/_attempts/<job_id>/attempt-<n>/<table>.parquet                   one worker attempt
     OUT/requests/sweep=<sweep_id>/job=<job_id>/part-0.parquet           committed by the driver
     OUT/levels/sweep=<sweep_id>/job=<job_id>/part-0.parquet
+    OUT/server_metrics/sweep=<sweep_id>/job=<job_id>/part-0.parquet     time series per level
+    OUT/gpu_metrics/sweep=<sweep_id>/job=<job_id>/part-0.parquet
     OUT/jobs/sweep=<sweep_id>/job=<job_id>/part-0.parquet               moved last: commit marker
     OUT/sweep/sweep=<sweep_id>/part-0.parquet                           one row per sweep
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 PART = "part-0.parquet"
-JOB_TABLES: tuple[str, ...] = ("requests", "levels", "jobs")
+JOB_TABLES: tuple[str, ...] = ("requests", "levels", "server_metrics", "gpu_metrics", "jobs")
 # The order the driver moves an attempt's tables into place: the jobs row last, it marks the commit.
 COMMIT_ORDER: tuple[str, ...] = JOB_TABLES
 ATTEMPTS_DIR = "_attempts"
@@ -29,7 +32,7 @@ SPEC_COPY = "sweep.yaml"
 
 
 def job_part_path(out: Path, table: str, sweep_id: str, job_id: str) -> Path:
-    """The committed file of ``table`` (requests, levels or jobs) for one job."""
+    """The committed file of ``table`` (one of JOB_TABLES) for one job."""
     if table not in JOB_TABLES:
         raise ValueError(f"unknown job table {table!r}; expected one of {JOB_TABLES}")
     return out / table / f"sweep={sweep_id}" / f"job={job_id}" / PART
@@ -71,6 +74,11 @@ def committed_job_ids(out: Path) -> set[str]:
 def log_dir(out: Path, job_id: str, attempt: int) -> Path:
     """The directory of one attempt's server log (and its metrics snapshot)."""
     return out / "logs" / job_id / f"attempt-{attempt}"
+
+
+def telemetry_samples(out: Path, job_id: str, attempt: int) -> Path:
+    """The telemetry sampler's raw samples of one attempt (cut into levels by the node worker)."""
+    return log_dir(out, job_id, attempt) / "telemetry.parquet"
 
 
 def server_log(out: Path, job_id: str, attempt: int) -> Path:

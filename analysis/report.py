@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.schema import GPU_POWER_W, GPU_SM_CLOCK_MHZ
 from analysis.select import Interval, Selection, share_text
 from specsweep.errors import ResultsError
 
@@ -32,7 +33,12 @@ PLOTS: dict[str, str] = {
     "plot-acceptance-position": "Per-position acceptance from the correct-drafts histogram",
     "plot-latency-cdf": "TTFT and TPOT CDFs per config",
     "plot-pareto": "Pareto front: per-user tokens/s vs tokens/s per GPU (each point a config x level)",
+    "plot-server-timeline": "Server metrics over each level's measured window: the winner and the baseline "
+    "(dashed), first repeat",
+    "plot-gpu-timeline": "GPU power and SM clock over each level (mean over the slot's GPUs): the winner and "
+    "the baseline (dashed), first repeat",
 }
+TIMELINE_LEVELS = 6  # columns of the timeline plots at most: the highest loads run
 CDF_POINTS = 101
 _METADATA = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)  # RDF boilerplate, not needed
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -49,9 +55,17 @@ tr.tie td { color: #555; } tr.excluded td { color: #999; }
 """
 
 
-def render_report(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
-    """The report page for ``selection`` over the results behind ``con``."""
+def render_report(
+    con: duckdb.DuckDBPyConnection,
+    selection: Selection,
+    server_series: tuple[tuple[str, str], ...] = (),
+) -> str:
+    """The report page for ``selection`` over the results behind ``con``. ``server_series`` are the
+    ``server_metrics`` samples to plot over time as (metric name, axis label): the server's names are
+    the caller's knowledge (the harness passes SGLang's), not this layer's."""
     colors = _config_colors(con)
+    featured = _featured_jobs(con, selection)
+    gpu_series = ((GPU_POWER_W, "GPU power (W)"), (GPU_SM_CLOCK_MHZ, "SM clock (MHz)"))
     sections = [
         _header(con, selection),
         _winners(selection),
@@ -64,6 +78,10 @@ def render_report(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         _figure("plot-acceptance-position", _acceptance_position_plot(con, colors)),
         _figure("plot-latency-cdf", _latency_cdf_plot(con, colors, _cdf_level(selection))),
         _figure("plot-pareto", _pareto_plot(con, colors)),
+        _figure(
+            "plot-server-timeline", _timeline_plot(con, colors, featured, "server_metrics", server_series)
+        ),
+        _figure("plot-gpu-timeline", _timeline_plot(con, colors, featured, "gpu_metrics", gpu_series)),
     ]
     title = f"specsweep report: {html.escape(selection.sweep_id)}"
     return (
@@ -476,6 +494,84 @@ def _pareto_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, st
     ax.set_ylabel("output tokens/s per GPU")
     ax.grid(alpha=0.3)
     _legend(ax)
+    return _svg(fig)
+
+
+def _featured_jobs(con: duckdb.DuckDBPyConnection, selection: Selection) -> dict[str, str]:
+    """Config label -> its first repeat's job: the winner at the highest level ranked, and its baseline."""
+    choice = next((c for c in reversed(selection.levels) if c.winner is not None), None)
+    if choice is None or choice.winner is None:
+        return {}
+    labels = [choice.winner.config_label]
+    if choice.baseline_label is not None and choice.baseline_label not in labels:
+        labels.append(choice.baseline_label)
+    rows = con.execute(
+        "SELECT config_label, arg_min(job_id, repeat_index) FROM jobs "
+        "WHERE status = 'done' AND config_label IN (SELECT unnest(?)) GROUP BY config_label",
+        [labels],
+    ).fetchall()
+    jobs = dict(rows)
+    return {label: jobs[label] for label in labels if label in jobs}
+
+
+def _timeline_plot(
+    con: duckdb.DuckDBPyConnection,
+    colors: dict[str, tuple[str, str]],
+    featured: dict[str, str],
+    table: str,
+    series: tuple[tuple[str, str], ...],
+) -> str:
+    """One row per metric, one column per level (in the order they ran): value over ``time_s``, the mean
+    over label sets (GPUs, ranks) at each sample; or why there is nothing to draw."""
+    jobs = list(featured.values())
+    rows = con.execute(
+        f"SELECT j.config_label, t.load_level, t.metric, t.time_s, avg(t.value), min(t.time_unix_ns) "
+        f"FROM {table} t JOIN jobs j USING (sweep_id, job_id) "
+        "WHERE t.job_id IN (SELECT unnest(?)) AND t.metric IN (SELECT unnest(?)) AND t.time_s >= 0 "
+        "GROUP BY ALL ORDER BY t.time_s",
+        [jobs, [metric for metric, _ in series]],
+    ).fetchall()
+    started: dict[str, int] = {}
+    for _, level, _, _, _, unix_ns in rows:
+        started[level] = min(unix_ns, started.get(level, unix_ns))
+    levels = sorted(started, key=started.__getitem__)[-TIMELINE_LEVELS:]
+    if not rows or not levels:
+        off_column = f"{table}_off"
+        reasons = con.execute(
+            f"SELECT DISTINCT {off_column} FROM jobs WHERE job_id IN (SELECT unnest(?)) "
+            f"AND {off_column} IS NOT NULL",
+            [jobs],
+        ).fetchall()
+        why = "; ".join(r[0] for r in reasons) or "no samples for the featured jobs"
+        fig = _new_figure(height=1.2)
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, "not sampled", ha="center", va="center", color="#a60")
+        ax.set_axis_off()
+        return f"<p class='note'>not sampled: {html.escape(why)}</p>{_svg(fig)}"
+    fig = _new_figure(height=1.9 * len(series) + 0.6)
+    axes = fig.subplots(len(series), len(levels), squeeze=False, sharex="col")
+    points: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
+    for label, level, metric, time_s, value, _ in rows:
+        xs, ys = points.setdefault((label, level, metric), ([], []))
+        xs.append(time_s)
+        ys.append(value)
+    for row, (metric, ylabel) in enumerate(series):
+        for column, level in enumerate(levels):
+            ax = axes[row][column]
+            for label in featured:
+                if (label, level, metric) in points:
+                    color, style = colors.get(label, ("#888888", "-"))
+                    xs, ys = points[(label, level, metric)]
+                    ax.plot(xs, ys, style, color=color, linewidth=1, label=label)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+            if row == 0:
+                ax.set_title(level, fontsize=8)
+            if row == len(series) - 1:
+                ax.set_xlabel("s into the level", fontsize=8)
+            if column == 0:
+                ax.set_ylabel(ylabel, fontsize=8)
+    _legend(axes[0][-1])
     return _svg(fig)
 
 

@@ -274,6 +274,8 @@ class JobRecord:
     started_unix_ns: int | None
     finished_unix_ns: int | None
     startup_s: float | None
+    server_metrics_off: str | None  # why no server_metrics rows were sampled; null when they were
+    gpu_metrics_off: str | None  # why no gpu_metrics rows were sampled; null when they were
 
 
 JOBS_SCHEMA = pa.schema(
@@ -307,8 +309,55 @@ JOBS_SCHEMA = pa.schema(
         pa.field("started_unix_ns", pa.int64()),
         pa.field("finished_unix_ns", pa.int64()),
         pa.field("startup_s", pa.float64()),
+        pa.field("server_metrics_off", pa.string()),
+        pa.field("gpu_metrics_off", pa.string()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "jobs"},
+)
+
+# ---------------------------------------------------------------------------------------------------
+# server_metrics, gpu_metrics: time series sampled while each level ran.
+# ---------------------------------------------------------------------------------------------------
+
+TELEMETRY_TABLES: tuple[str, ...] = ("server_metrics", "gpu_metrics")
+# gpu_metrics readings the report plots (every reading is listed in docs/results.md).
+GPU_POWER_W = "power_w"
+GPU_SM_CLOCK_MHZ = "sm_clock_mhz"
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryRecord:
+    """One sampled value: a Prometheus sample of the server's ``/metrics`` or one NVML reading.
+
+    ``time_s`` is on the requests' clock: seconds from the level's measured start (negative while the
+    load generator calibrated, warmed up and flushed the cache before it). ``labels`` is a JSON object
+    with sorted keys (``{}`` when none), e.g. ``{"gpu": "0"}`` or ``{"is_streaming": "true", ...}``.
+    """
+
+    sweep_id: str
+    job_id: str
+    load_level: str
+    time_s: float
+    time_unix_ns: int
+    metric: str  # the sample name: sglang:num_running_reqs, sglang:spec_verify_calls_total, power_w, ...
+    kind: str  # gauge, counter, histogram, summary or unknown (the family's Prometheus type)
+    labels: str
+    value: float
+
+
+TELEMETRY_SCHEMA = pa.schema(
+    [
+        pa.field("sweep_id", pa.string(), nullable=False),
+        pa.field("job_id", pa.string(), nullable=False),
+        pa.field("load_level", pa.string(), nullable=False),
+        pa.field("time_s", pa.float64(), nullable=False),
+        pa.field("time_unix_ns", pa.int64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("labels", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+    ],
+    metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "telemetry"},
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -360,6 +409,7 @@ RECORD_SCHEMAS: dict[type, pa.Schema] = {
     LevelRecord: LEVELS_SCHEMA,
     JobRecord: JOBS_SCHEMA,
     SweepRecord: SWEEP_SCHEMA,
+    TelemetryRecord: TELEMETRY_SCHEMA,
 }
 
 for _record_type, _schema in RECORD_SCHEMAS.items():  # guards edits to this file
@@ -394,6 +444,11 @@ def levels_table(records: list[LevelRecord]) -> pa.Table:
 def jobs_table(records: list[JobRecord]) -> pa.Table:
     """Arrow table of job records."""
     return records_table(records, JOBS_SCHEMA)
+
+
+def telemetry_table(records: list[TelemetryRecord]) -> pa.Table:
+    """Arrow table of telemetry samples (server_metrics and gpu_metrics share the schema)."""
+    return records_table(records, TELEMETRY_SCHEMA)
 
 
 def sweep_table(records: list[SweepRecord]) -> pa.Table:

@@ -307,6 +307,8 @@ def _job_record(
         started_unix_ns=now_ns,
         finished_unix_ns=now_ns + 60_000_000_000,
         startup_s=None if failed else 42.0,
+        server_metrics_off=None if failed else "synthetic results: nothing was sampled",
+        gpu_metrics_off=None if failed else "synthetic results: nothing was sampled",
     )
 
 

@@ -20,6 +20,12 @@ Views (columns as documented in ``docs/results.md``):
   successful measured requests of done jobs: ``num_ok``, token-weighted ``accept_length_mean``, mean
   ``tpot_ms``, and ``speedup``: the baseline's mean TPOT over this config's for the same level and
   category (the per-user decode speedup where the drafter is strong or weak); null without a baseline.
+- ``server_metrics``, ``gpu_metrics``: the time series of committed jobs (the server's Prometheus
+  samples; NVML readings of the slot's GPUs), ``time_s`` on the requests' clock.
+- ``server_metrics_by_level``, ``gpu_metrics_by_level``: per job x level x metric x label set, over
+  the samples of the level's measured window (``0 <= time_s <= duration_s``): sample count, mean, min,
+  max, first and last value, and for counters (and histogram ``_sum``/``_count``) the ``delta``
+  (last - first) and ``rate_per_s`` (delta over the time between those samples).
 """
 
 from __future__ import annotations
@@ -37,7 +43,14 @@ from analysis.layout import (
     sweep_table_glob,
 )
 from analysis.metrics import ACCEPT_LENGTH_SQL, OK
-from analysis.schema import JOBS_SCHEMA, LEVELS_SCHEMA, REQUESTS_SCHEMA, SWEEP_SCHEMA
+from analysis.schema import (
+    JOBS_SCHEMA,
+    LEVELS_SCHEMA,
+    REQUESTS_SCHEMA,
+    SWEEP_SCHEMA,
+    TELEMETRY_SCHEMA,
+    TELEMETRY_TABLES,
+)
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -53,6 +66,8 @@ VIEW_NAMES: tuple[str, ...] = (
     "request_metrics",
     "acceptance_by_position",
     "category_results",
+    *TELEMETRY_TABLES,
+    *(f"{name}_by_level" for name in TELEMETRY_TABLES),
 )
 
 _RESULTS_SQL = """
@@ -102,6 +117,24 @@ SELECT per.*, base.baseline_tpot_ms / nullif(per.tpot_ms, 0) AS speedup
 FROM per LEFT JOIN base USING (sweep_id, load_level, category)
 """
 
+# Counters only grow, so a level's delta is its last sample minus its first; a gauge's level figure is its
+# mean over evenly spaced samples (a time average).
+_BY_LEVEL_SQL = """
+WITH w AS (
+    SELECT t.* FROM {table} t JOIN levels l USING (sweep_id, job_id, load_level)
+    WHERE t.time_s >= 0 AND t.time_s <= l.duration_s
+)
+SELECT sweep_id, job_id, load_level, metric, kind, labels,
+       count(*) AS samples, avg(value) AS mean, min(value) AS min, max(value) AS max,
+       arg_min(value, time_s) AS first, arg_max(value, time_s) AS last,
+       CASE WHEN kind IN ('counter', 'histogram', 'summary')
+            THEN arg_max(value, time_s) - arg_min(value, time_s) END AS delta,
+       CASE WHEN kind IN ('counter', 'histogram', 'summary') AND max(time_s) > min(time_s)
+            THEN (arg_max(value, time_s) - arg_min(value, time_s)) / (max(time_s) - min(time_s)) END
+         AS rate_per_s
+FROM w GROUP BY sweep_id, job_id, load_level, metric, kind, labels
+"""
+
 
 def check_results_dir(out: Path) -> None:
     """Raise ResultsError unless ``out`` holds at least one committed job of a sweep."""
@@ -146,6 +179,15 @@ def connect(out: Path) -> duckdb.DuckDBPyConnection:
         "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = l.sweep_id AND j.job_id = l.job_id)"
     )
     _register_requests(con, out)
+    for name in TELEMETRY_TABLES:
+        _register_table(
+            con, f"{name}_all", job_table_glob(out, name), TELEMETRY_SCHEMA, partitions=("sweep", "job")
+        )
+        con.execute(
+            f"CREATE VIEW {name} AS SELECT * FROM {name}_all t "
+            "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = t.sweep_id AND j.job_id = t.job_id)"
+        )
+        con.execute(f"CREATE VIEW {name}_by_level AS {_BY_LEVEL_SQL.format(table=name)}")
     con.execute(f"CREATE VIEW results AS {_RESULTS_SQL}")
     con.execute(f"CREATE VIEW request_metrics AS {_REQUEST_METRICS_SQL}")
     con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")

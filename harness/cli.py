@@ -1,9 +1,9 @@
 """``specsweep`` command line: argv in, exit code out.
 
 This is the only place that prints user errors and chooses exit codes: 0 success, 2 user error
-(bad input, with a message naming the problem and the fix), 3 "adjusted" for ``validate``, 130 on
-Ctrl-C. Subcommands live in ``harness.commands``; their modules are imported lazily so that
-``specsweep validate`` does not pay for Ray or DuckDB.
+(bad input, with a message naming the problem and the fix), 3 "adjusted" for ``validate``, 4 for
+``load`` when no request succeeded, 130 on Ctrl-C. Subcommands live in ``harness.commands``; their
+modules are imported lazily so that ``specsweep validate`` does not pay for Ray or DuckDB.
 """
 
 from __future__ import annotations

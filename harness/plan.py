@@ -197,6 +197,7 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
                     load=spec.load,
                     timeouts=spec.timeouts,
                     seed=spec.seed,
+                    telemetry=spec.telemetry,
                 )
             )
     return Plan(sweep_id=spec.sweep_id(), verdicts=tuple(verdicts), jobs=tuple(jobs))

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import layout
 from analysis.schema import JobRecord
 from harness.queue import JobQueue, Lease
 from harness.results import commit_attempt, commit_jobs_row, committed_row, drop_uncommitted_parts
@@ -56,7 +55,7 @@ def settle_success(out: Path, queue: JobQueue, job: JobSpec, lease: Lease, resul
     if not queue.holds(lease.job_id, lease.token):
         queue.event("stale_result", f"attempt {lease.attempt} ignored: lease gone", lease.job_id)
         return False
-    commit_attempt(out, job.sweep_id, result, layout.COMMIT_ORDER)
+    commit_attempt(out, job.sweep_id, result, tuple(result.files))
     return queue.complete(lease, node=result.node_host, worker_s=result.worker_s)
 
 

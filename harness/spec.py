@@ -17,7 +17,16 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from specsweep.errors import SpecError
-from workers.job import DrafterSpec, Engine, LoadPlan, PositiveFloat, PositiveInt, StrictModel, Timeouts
+from workers.job import (
+    DrafterSpec,
+    Engine,
+    LoadPlan,
+    PositiveFloat,
+    PositiveInt,
+    StrictModel,
+    TelemetrySpec,
+    Timeouts,
+)
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
 # owns where the server listens, the spec owns the model and the drafter.
@@ -146,6 +155,10 @@ class SweepSpec(StrictModel):
         default=2, description="Extra attempts for a job that failed transiently (crash, timeout, node lost)."
     )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Stage time limits.")
+    telemetry: TelemetrySpec = Field(
+        default_factory=TelemetrySpec,
+        description="Server metrics and GPU time series sampled during each load level.",
+    )
     output_dir: str = Field(
         default="results",
         description="Local results directory (queue, logs, Parquet tables); --out overrides.",

@@ -233,6 +233,26 @@ class Timeouts(StrictModel):
     )
 
 
+class TelemetrySpec(StrictModel):
+    """Time series sampled while each load level runs (the server_metrics and gpu_metrics tables)."""
+
+    server_metrics_interval_s: PositiveFloat | None = Field(
+        default=1.0,
+        description="Seconds between scrapes of the server's Prometheus /metrics (SGLang serves it with "
+        "--enable-metrics in base_args; without it the series is off and the jobs row says why); null: off.",
+    )
+    gpu_interval_s: PositiveFloat | None = Field(
+        default=1.0,
+        description="Seconds between NVML samples of the slot's GPUs (utilisation, memory, power, SM clock, "
+        "temperature, throttle reasons); off on nodes without NVIDIA GPUs, the jobs row says why; null: off.",
+    )
+    profile_steps: PositiveInt | None = Field(
+        default=None,
+        description="Capture SGLang's profiler for this many forward steps at the start of each level "
+        "(/start_profile; traces under OUT/logs/<job_id>/attempt-<n>/profile/<level>/ on the node); null: off.",
+    )
+
+
 class DrafterSpec(StrictModel):
     """The trained draft model, converted once per node into the layout SGLang loads."""
 
@@ -270,6 +290,7 @@ class JobSpec(BaseModel):
     load: LoadPlan
     timeouts: Timeouts
     seed: int
+    telemetry: TelemetrySpec = TelemetrySpec()
 
     def launch_args(self, draft_path: str | None) -> list[str]:
         """SGLang arguments of this job's server (without --host/--port), with the drafter at

@@ -3,6 +3,10 @@
 The file holds one row per measured request (``analysis.schema.REQUESTS_SCHEMA``); its metadata keeps
 the level, the workload and the client-added delay measured before the run. A summary (rates, latency
 medians, error counts) is printed from the same rows the analysis reads.
+
+Exit codes: 0 when at least one measured request succeeded (partial failure included: the summary
+counts the errors by class), ``EXIT_NO_SUCCESS`` when none did (a dead or broken server, told apart
+from a good run by scripts), 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ if TYPE_CHECKING:
 METADATA_LEVEL = b"specsweep.load_level"
 METADATA_WORKLOAD = b"specsweep.workload"
 METADATA_RUN = b"specsweep.load_run"  # client delay, achieved rate, duration, processes, cache flushed
+EXIT_NO_SUCCESS = 4  # the level ran, but not one measured request succeeded
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
     if result.interrupted:
         print("interrupted: the records made until then were written", file=sys.stderr)
         return 130
+    if not any(record.error_type is None for record in result.records):
+        print(f"no request succeeded ({_error_classes(result)}); the rows were written", file=sys.stderr)
+        return EXIT_NO_SUCCESS
     return 0
 
 
@@ -155,6 +163,14 @@ def check_output_file(out: Path) -> None:
             "--out is a directory", where=str(out), fix="pass a file name, e.g. --out records.parquet"
         )
     check_output_dir(out.parent)
+
+
+def _error_classes(result: LoadResult) -> str:
+    """``connect_error x4, timeout x1``: the failure classes of a run, most frequent first."""
+    from collections import Counter
+
+    counts = Counter(record.error_type or "ok" for record in result.records)
+    return ", ".join(f"{name} x{count}" for name, count in counts.most_common()) or "no requests were sent"
 
 
 def _print_summary(result: LoadResult, out: Path) -> None:

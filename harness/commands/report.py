@@ -22,6 +22,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def server_timeline() -> tuple[tuple[str, str], ...]:
+    """SGLang's /metrics samples the report plots over each level's time, with their axis labels."""
+    from workers.sglang import api
+
+    return (
+        (api.METRIC_NUM_RUNNING, "running requests"),
+        (api.METRIC_NUM_QUEUE, "queued requests"),
+        (api.METRIC_TOKEN_USAGE, "KV pool in use"),
+        (api.METRIC_SPEC_ACCEPT_LENGTH, "accept length"),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from analysis.report import render_report, write_report
     from analysis.views import readable_results
@@ -36,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     con, selection = selection_from_args(args)
     try:
         with readable_results(args.out):
-            html = render_report(con, selection)
+            html = render_report(con, selection, server_timeline())
     finally:
         con.close()
     try:

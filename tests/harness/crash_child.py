@@ -43,8 +43,11 @@ def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: ErrorClass
     tables = {"jobs": jobs_table([record])}
     if error_class is None:
         tables |= {"requests": requests_table([]), "levels": levels_table([])}
+    files: dict[str, bytes] = {}
     for table, data in tables.items():
-        write_parquet_atomic(data, layout.attempt_path(out, job.job_id, lease.attempt, table))
+        path = layout.attempt_path(out, job.job_id, lease.attempt, table)
+        write_parquet_atomic(data, path)
+        files[table] = path.read_bytes()
     return AttemptResult(
         job_id=job.job_id,
         attempt=lease.attempt,
@@ -54,6 +57,7 @@ def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: ErrorClass
         log_tail=None,
         node_host="node-test",
         worker_s=0.1,
+        files=files,
     )
 
 

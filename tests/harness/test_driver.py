@@ -221,6 +221,76 @@ def test_driver_runs_every_job_exactly_once_when_two_nodes(
     assert status["counts"]["done"] == 7 and len(status["attempts"]) == 7
 
 
+def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """A sim sweep with --enable-metrics stores a metrics series for every job x level, and a DuckDB
+    query over it gives each level's mean running requests within 5% of the load generator's own
+    in-flight count (busy request-seconds over the level's duration). The simulated nodes' GPUs are
+    not real: the jobs row says why gpu_metrics is empty. Real speed, so each request lasts long next
+    to the client's and the HTTP stack's per-request overhead (which the server does not count as
+    running, and which grows on a loaded CI box)."""
+    from analysis.views import connect
+
+    out = tmp_path / "out"
+    spec = make_spec(
+        models,
+        out,
+        base_args=["--tp-size", "8", "--enable-metrics"],
+        speculative={"chain_depths": [4]},
+        load={
+            "concurrency": [2, 4],
+            "duration_s": 2.0,
+            "warmup_requests": 2,
+            "workload": {"kind": "random_ids", "input_tokens": 8, "output_tokens": 512, "vocab_size": 256},
+        },
+        env={"SPECSWEEP_SIM_TIME_SCALE": "1.0"},
+        telemetry={"server_metrics_interval_s": 0.05, "profile_steps": 3},
+    )
+    summary, log = run(spec)
+    assert summary.counts["done"] == 2, log
+    con = connect(out)
+    compared = con.execute(
+        """
+        WITH flight AS (
+            SELECT job_id, load_level, sum(end_ns - start_ns) / 1e9 AS busy_s
+            FROM requests WHERE NOT warmup GROUP BY ALL
+        )
+        SELECT m.job_id, m.load_level, m.samples, m.mean, f.busy_s / l.duration_s AS in_flight
+        FROM server_metrics_by_level m
+        JOIN levels l USING (sweep_id, job_id, load_level)
+        JOIN flight f USING (job_id, load_level)
+        WHERE m.metric = 'sglang:num_running_reqs' ORDER BY ALL
+        """
+    ).fetchall()
+    assert len(compared) == 2 * 2, compared
+    for job_id, level, samples, running, in_flight in compared:
+        assert samples >= 20, (job_id, level)
+        assert running == pytest.approx(in_flight, rel=0.05), (job_id, level, running, in_flight)
+    offs = con.execute("SELECT DISTINCT server_metrics_off IS NULL, gpu_metrics_off FROM jobs").fetchall()
+    assert len(offs) == 1 and offs[0][0] is True and offs[0][1]
+    assert con.execute("SELECT count(*) FROM gpu_metrics").fetchone() == (0,)
+    counted = con.execute(
+        "SELECT m.metric, m.kind, m.delta, m.rate_per_s FROM server_metrics_by_level m JOIN jobs j USING (job_id) "
+        "WHERE m.metric IN ('sglang:spec_verify_calls_total', 'sglang:num_running_reqs') "
+        "AND j.effective_speculative_algorithm IS NOT NULL"
+    ).fetchall()
+    assert sorted(kind for _, kind, *_ in counted) == ["counter"] * 2 + ["gauge"] * 2
+    for metric, kind, delta, rate in counted:  # counters: what the level added, and per second
+        if kind == "counter":
+            assert delta > 0 and rate > 0, (metric, delta, rate)
+        else:
+            assert delta is None and rate is None, metric
+    for job_id, level, *_ in compared:  # each level's bounded profiler capture, next to the server log
+        assert (out / "logs" / job_id / "attempt-1" / "profile" / level).is_dir(), (job_id, level)
+    report = tmp_path / "report.html"
+    assert main(["report", str(out), "-o", str(report)]) == 0
+    page = report.read_text()
+    server_plot = page[page.index("id='plot-server-timeline'") : page.index("id='plot-gpu-timeline'")]
+    assert "<svg" in server_plot and "not sampled" not in server_plot
+    assert "not sampled: NVML did not start" in page[page.index("id='plot-gpu-timeline'") :]
+
+
 def test_driver_refuses_second_driver_when_sweep_is_locked(
     cluster: Any, models: dict[str, str], tmp_path: Path
 ) -> None:

@@ -181,3 +181,41 @@ def test_load_command_writes_records_made_when_interrupted(wire: WireServer, tmp
     rows = pq.read_table(out).to_pylist()
     assert [r["error_type"] for r in rows] == ["cut_off", "cut_off"]
     assert all(r["completion_tokens"] == 1 for r in rows)
+
+
+def _load_command(url: str, out: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "harness.cli", "load", "--url", url, "--concurrency", "2"]
+    argv += ["--requests", "4", "--input-tokens", "8", "--output-tokens", "10", "--out", str(out)]
+    argv += ["--timeout", "5"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_load_command_exits_4_with_error_classes_when_no_request_succeeds(tmp_path: Path) -> None:
+    """A closed port: every request fails, so ``specsweep load`` writes the rows, names the error
+    classes on stderr and exits 4 (EXIT_NO_SUCCESS), so a script can tell a dead server from a run."""
+    from harness.commands.load import EXIT_NO_SUCCESS
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "load.parquet"
+    proc = _load_command(f"http://127.0.0.1:{port}", out)
+    assert proc.returncode == EXIT_NO_SUCCESS == 4, proc.stderr
+    assert "no request succeeded (connect_error x4)" in proc.stderr
+    assert "ok 0, errors 4" in proc.stdout
+    assert [r["error_type"] for r in pq.read_table(out).to_pylist()] == ["connect_error"] * 4
+
+
+def test_load_command_exits_0_with_counts_when_some_requests_fail(tmp_path: Path) -> None:
+    """Partial failure is still a run: exit 0, and the summary counts the failures by class."""
+    env = {
+        "SPECSWEEP_SIM_FAULT": "http_500",
+        "SPECSWEEP_SIM_FAULT_EVERY": "2",
+        "SPECSWEEP_SIM_TIME_SCALE": "0.1",
+    }
+    out = tmp_path / "load.parquet"
+    with start_sim(SIM_ARGS, env=env) as sim:
+        proc = _load_command(sim.url, out)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok 2, errors 2" in proc.stdout
+    assert "http_error: 2" in proc.stdout

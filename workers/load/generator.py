@@ -79,6 +79,7 @@ class LoadResult:
     client_delay: ClientDelay
     duration_s: float  # run start to the last request's end
     stop_reason: str  # "precision" (sequential level precise enough) or "limit" (its count or duration)
+    t0_ns: int  # absolute perf_counter_ns of the measured run's start: the records' time origin
     achieved_rate_rps: float | None  # requests sent per second (open loop: over the schedule's window)
     processes: int
     cache_flushed: bool | None  # None when not asked
@@ -634,12 +635,13 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
     records: list[RequestRecord] = []
     outcomes: list[_Outcome] = []
     interrupted = False
+    t0 = [time.perf_counter_ns()]  # set again where the measured run starts
     with _no_gc_pauses():
         try:
             if processes == 1:
-                _run_async(lambda: _run_one_process(base_url, level, workload, outcomes))
+                _run_async(lambda: _run_one_process(base_url, level, workload, outcomes, t0))
             else:
-                _run_shard_processes(base_url, level, workload, processes, records)
+                _run_shard_processes(base_url, level, workload, processes, records, t0)
         except KeyboardInterrupt:  # in-flight requests became cut_off records; keep them all
             interrupted = True
         records.extend(_records(outcomes))
@@ -651,6 +653,7 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
         client_delay=client_delay,
         duration_s=max((r.end_ns or r.start_ns for r in records), default=0) / 1e9,
         stop_reason=_stop_reason(level, records, interrupted),
+        t0_ns=t0[0],
         achieved_rate_rps=_achieved_rate(level, records),
         processes=processes,
         cache_flushed=flushed,
@@ -659,14 +662,14 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
 
 
 async def _run_one_process(
-    base_url: str, level: LoadLevel, workload: Workload, outcomes: list[_Outcome]
+    base_url: str, level: LoadLevel, workload: Workload, outcomes: list[_Outcome], t0: list[int]
 ) -> None:
     shard = _Shard(0, 1)
     requests = _prepared_requests(level, workload, shard)
     async with _session(level.streams, level) as session:
         await _open_connections(session, base_url, level.streams)
-        t0_ns = time.perf_counter_ns()
-        await _run_measured(session, base_url, level, requests, shard, t0_ns, outcomes)
+        t0[0] = time.perf_counter_ns()
+        await _run_measured(session, base_url, level, requests, shard, t0[0], outcomes)
 
 
 def _stop_reason(level: LoadLevel, records: list[RequestRecord], interrupted: bool) -> str:
@@ -700,7 +703,12 @@ _START_MARGIN_NS = 200_000_000  # shards are told the start time this far ahead
 
 
 def _run_shard_processes(
-    base_url: str, level: LoadLevel, workload: Workload, processes: int, records: list[RequestRecord]
+    base_url: str,
+    level: LoadLevel,
+    workload: Workload,
+    processes: int,
+    records: list[RequestRecord],
+    t0: list[int],
 ) -> None:
     """Start ``processes`` shard processes, let them all begin at one instant, merge their records.
 
@@ -732,7 +740,7 @@ def _run_shard_processes(
             for child in children:
                 if child.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
                     raise RuntimeError("a load generator shard process failed to start")
-            t0_ns = time.perf_counter_ns() + _START_MARGIN_NS
+            t0_ns = t0[0] = time.perf_counter_ns() + _START_MARGIN_NS
             for child in children:
                 child.stdin.write(f"{t0_ns}\n")  # type: ignore[union-attr]
                 child.stdin.flush()  # type: ignore[union-attr]

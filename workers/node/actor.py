@@ -4,8 +4,9 @@ For each job: preflight (the slot's GPUs idle, or the job fails naming the PIDs 
 server a previous worker left behind, found through the node-local pid file, is killed), convert the
 drafter once per node (the converter's cache), launch the server and wait for ``/health`` while
 watching it, check the live ``/server_info`` against the plan (config_mismatch), warm up, run each
-load level (cache flushed before each), snapshot ``/server_info`` and ``/metrics``, stop the server
-(and confirm its process group is gone), and write the attempt's Parquet files.
+load level (cache flushed before each) while ``workers.node.telemetry`` samples the server's
+``/metrics`` and the slot's GPUs, snapshot ``/server_info`` and ``/metrics``, stop the server (and
+confirm its process group is gone), and write the attempt's Parquet files.
 
 The class is plain Python; the driver wraps it with ``ray.remote`` (``max_restarts=0``, two threads so
 ``cancel`` can run while ``run_job`` does). Every failure it can name becomes an ``AttemptResult``
@@ -20,9 +21,9 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analysis import layout
 from analysis.schema import (
@@ -52,9 +53,15 @@ from workers.node.launcher import (
 )
 from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
 from workers.node.records import AttemptFacts, job_record
+from workers.node.telemetry import AttemptTelemetry, start_profile
 from workers.node.watch import LevelWatch
 from workers.sglang import SpecParams, api
 from workers.sglang.rules import normalize_algorithm
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from workers.load.workloads import Workload
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,7 @@ class _Attempt:
     token: str
     facts: AttemptFacts
     entered: float  # time.monotonic() when run_job was called
+    telemetry: dict[str, pa.Table] = field(default_factory=dict)  # server_metrics, gpu_metrics
 
 
 def config_mismatches(planned: SpecParams, live: SpecParams) -> list[str]:
@@ -190,9 +198,6 @@ class NodeWorker:
     def _measure(
         self, state: _Attempt, server: ServerProcess
     ) -> tuple[list[RequestRecord], list[LevelRecord]]:
-        from analysis.levels import summarize_level
-        from workers.load.generator import run_load
-
         job = state.job
         startup_s = wait_healthy(server, job.timeouts.startup_s)
         state.facts = replace(state.facts, startup_s=startup_s)
@@ -204,11 +209,44 @@ class NodeWorker:
         workload = job.load.workload.model_copy(update={"seed": job.seed})
         requests: list[RequestRecord] = []
         levels: list[LevelRecord] = []
+        telemetry = AttemptTelemetry.start(
+            job.telemetry,
+            server.url,
+            self.gpu_ids,
+            layout.telemetry_samples(self.out, job.job_id, state.attempt),
+        )
+        state.facts = replace(
+            state.facts, server_metrics_off=telemetry.server_off, gpu_metrics_off=telemetry.gpu_off
+        )
+        try:
+            self._run_levels(state, server, telemetry, workload, requests, levels)
+        finally:
+            state.telemetry = telemetry.stop(job.sweep_id, job.job_id)
+        self._snapshot_metrics(server, state)
+        return requests, levels
+
+    def _run_levels(
+        self,
+        state: _Attempt,
+        server: ServerProcess,
+        telemetry: AttemptTelemetry,
+        workload: Workload,
+        requests: list[RequestRecord],
+        levels: list[LevelRecord],
+    ) -> None:
+        from analysis.levels import summarize_level
+        from workers.load.generator import run_load
+
+        job = state.job
         plan = job.load.levels(seed=job.seed, request_timeout_s=job.timeouts.request_s)
         for run_index, level in enumerate(plan):
             self._check_cancel()
+            entered_ns = time.perf_counter_ns()
+            if job.telemetry.profile_steps is not None:
+                self._profile(state, server, level.label)
             with LevelWatch(server, job.timeouts.level_s, job.timeouts.stop_s) as watch:
                 result = run_load(server.url, level, workload)
+            telemetry.level(level.label, entered_ns, result.t0_ns)
             self._check_cancel()
             watch.raise_if_ended()
             self._check_alive(server)
@@ -239,9 +277,7 @@ class NodeWorker:
                     stop_reason=result.stop_reason,
                 )
             )
-        self._snapshot_metrics(server, state)
-        state.facts = replace(state.facts, server_info=info)
-        return requests, levels
+            state.facts = replace(state.facts, server_info=info)
 
     # --- steps ------------------------------------------------------------------------------------------
 
@@ -294,6 +330,14 @@ class NodeWorker:
                 f"{api.HEALTH} answered {status or 'nothing'} mid-run",
                 server.log_tail(),
             )
+
+    def _profile(self, state: _Attempt, server: ServerProcess, label: str) -> None:
+        """Start a bounded profiler capture for the level (its traces land next to the server log)."""
+        out = layout.log_dir(self.out, state.job.job_id, state.attempt) / "profile" / label
+        steps = state.job.telemetry.profile_steps or 0
+        problem = start_profile(server.url, out, label.replace("=", "-"), steps)
+        if problem:
+            log.warning("job %s level %s: no profile: %s", state.job.job_id, label, problem)
 
     def _snapshot_metrics(self, server: ServerProcess, state: _Attempt) -> None:
         """Keep /metrics next to the server log (Prometheus text; absent without --enable-metrics)."""
@@ -351,7 +395,12 @@ class NodeWorker:
         )
         tables = {"jobs": jobs_table([record])}
         if error_class is None:
-            tables = {"requests": requests_table(requests), "levels": levels_table(levels), **tables}
+            tables = {
+                "requests": requests_table(requests),
+                "levels": levels_table(levels),
+                **state.telemetry,
+                **tables,
+            }
         files = {}
         for name, table in tables.items():
             path = layout.attempt_path(self.out, state.job.job_id, state.attempt, name)

@@ -29,6 +29,8 @@ class AttemptFacts:
     started_unix_ns: int | None = None
     finished_unix_ns: int | None = None
     startup_s: float | None = None
+    server_metrics_off: str | None = None  # why the server's /metrics was not sampled
+    gpu_metrics_off: str | None = None  # why NVML was not sampled
 
 
 def job_record(
@@ -73,4 +75,6 @@ def job_record(
         started_unix_ns=facts.started_unix_ns,
         finished_unix_ns=facts.finished_unix_ns,
         startup_s=facts.startup_s,
+        server_metrics_off=facts.server_metrics_off,
+        gpu_metrics_off=facts.gpu_metrics_off,
     )

@@ -22,6 +22,11 @@ GENERATE = "/generate"
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 METRICS = "/metrics"
+START_PROFILE = "/start_profile"  # POST ProfileReq JSON; with num_steps it stops by itself
+STOP_PROFILE = "/stop_profile"
+PROFILE_OUTPUT_DIR = "output_dir"  # ProfileReq fields: where the server writes its traces
+PROFILE_NUM_STEPS = "num_steps"  # forward steps to capture
+PROFILE_PREFIX = "profile_prefix"  # trace file name prefix
 
 # --- streaming ---------------------------------------------------------------------------------------
 SSE_DATA_PREFIX = b"data: "
@@ -70,15 +75,25 @@ SERVER_INFO_INTERNAL_STATES = "internal_states"
 AVG_SPEC_ACCEPT_LENGTH = "avg_spec_accept_length"  # lifetime average, reset by /flush_cache
 
 # --- /metrics (Prometheus, needs --enable-metrics) -------------------------------------------------------
-METRIC_SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
-METRIC_SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"
+# Names as SGLang 0.5.23 defines them (srt/observability/metrics_collector.py); counters carry their
+# ``_total`` sample suffix. Scheduler gauges are the state at the scheduler's last stats log.
+METRIC_NUM_RUNNING = "sglang:num_running_reqs"  # gauge: requests in the running batch
+METRIC_NUM_QUEUE = "sglang:num_queue_reqs"  # gauge: requests in the waiting queue
+METRIC_GEN_THROUGHPUT = "sglang:gen_throughput"  # gauge: generation tokens per second
+METRIC_TOKEN_USAGE = "sglang:token_usage"  # gauge: KV-cache pool tokens in use / pool size
+METRIC_NUM_USED_TOKENS = "sglang:num_used_tokens"  # gauge: KV-cache pool tokens in use
+METRIC_SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"  # gauge: last window's accept length
+METRIC_SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"  # gauge: last window's accept rate
 METRIC_SPEC_NUM_STEPS = "sglang:spec_num_steps"
 METRIC_SPEC_NUM_DRAFT_TOKENS = "sglang:spec_num_draft_tokens"
-METRIC_SPEC_VERIFY_CALLS = "sglang:spec_verify_calls_total"
+METRIC_SPEC_VERIFY_CALLS = "sglang:spec_verify_calls_total"  # counter: verify steps of finished requests
+METRIC_PROMPT_TOKENS = "sglang:prompt_tokens_total"  # counter, label is_streaming
+METRIC_GENERATION_TOKENS = "sglang:generation_tokens_total"  # counter, label is_streaming
+METRIC_NUM_REQUESTS = "sglang:num_requests_total"  # counter, label is_streaming
 METRIC_TTFT = "sglang:time_to_first_token_seconds"
 METRIC_ITL = "sglang:inter_token_latency_seconds"
 METRIC_E2E = "sglang:e2e_request_latency_seconds"
-METRIC_NUM_RUNNING = "sglang:num_running_reqs"
+METRIC_LABEL_IS_STREAMING = "is_streaming"
 
 # --- effective speculative config: the resolved_dict() keys the project compares ----------------------
 SPEC_ALGORITHM = "speculative_algorithm"

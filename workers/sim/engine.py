@@ -72,6 +72,7 @@ class SimRequest:
     rng: random.Random
     token_base: int  # where the output walks the vocabulary from: same prompt, same text (as greedy)
     health_check: bool = False
+    streaming: bool = False  # the client asked for a stream (SGLang's is_streaming metric label)
     seq_no: int = 0  # 1-based order among generation requests (0: health check)
     received_ns: int = field(default_factory=time.perf_counter_ns)
     output_ids: list[int] = field(default_factory=list)

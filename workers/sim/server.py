@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -111,7 +112,9 @@ class SimServer:
         self.config = config
         self.settings = settings
         self.loaded = False
-        self.metrics = SimMetrics(config.served_model_name, config.spec)
+        self.metrics = SimMetrics(
+            config.served_model_name, config.spec, config.resolved_args.get("max_total_tokens")
+        )
         self.engine: SimEngine | None = None
         self._engine_task: asyncio.Task[None] | None = None
         self._loader: asyncio.Task[None] | None = None
@@ -133,6 +136,8 @@ class SimServer:
         r.add_get(api.SERVER_INFO_OLD, self.server_info)
         r.add_route("*", api.FLUSH_CACHE, self.flush_cache)
         r.add_get(api.MODELS, self.models)
+        r.add_route("*", api.START_PROFILE, self.start_profile)
+        r.add_route("*", api.STOP_PROFILE, self.stop_profile)
         r.add_route("POST", api.GENERATE, self.generate)
         r.add_route("PUT", api.GENERATE, self.generate)
         r.add_post(api.COMPLETIONS, self.completions)
@@ -264,6 +269,24 @@ class SimServer:
             )
         return web.Response(status=400, text="Flush cache failed.\n")
 
+    async def start_profile(self, request: web.Request) -> web.Response:
+        """SGLang's answer; the simulator has no kernels, so it writes a small placeholder trace at once
+        (a Chrome trace with no events) where SGLang would write its torch profiler traces."""
+        try:
+            body = await self._read_json(request) if request.can_read_body else {}
+        except BadRequest as exc:
+            return error_response(str(exc), "BadRequestError", 400)
+        out = Path(str(body.get(api.PROFILE_OUTPUT_DIR) or "/tmp"))
+        prefix = str(body.get(api.PROFILE_PREFIX) or "sim")
+        out.mkdir(parents=True, exist_ok=True)
+        trace: dict[str, Any] = {"traceEvents": [], "simulator": True}
+        trace[api.PROFILE_NUM_STEPS] = body.get(api.PROFILE_NUM_STEPS)
+        (out / f"{prefix}-sim.trace.json").write_bytes(orjson.dumps(trace))
+        return web.Response(text="Start profiling.\n")
+
+    async def stop_profile(self, request: web.Request) -> web.Response:
+        return web.Response(text="Stop profiling. This will take some time.\n")
+
     async def models(self, request: web.Request) -> web.Response:
         return json_response(
             {
@@ -343,6 +366,7 @@ class SimServer:
                 body.get("sampling_params") or {}, default_max=DEFAULT_MAX_NEW_TOKENS
             )
             sim_request = self._new_request(prompt, params, body.get("rid"))
+            sim_request.streaming = bool(body.get("stream"))
         except BadRequest as exc:
             return error_response(str(exc), "BadRequestError", 400)
         if not body.get("stream"):
@@ -436,6 +460,7 @@ class SimServer:
             default_max = self.config.context_length // 2 if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
             params = GenerationParams.parse(body, default_max=default_max, max_key=max_key)
             sim_request = self._new_request(prompt, params, None)
+            sim_request.streaming = bool(body.get("stream"))
         except BadRequest as exc:
             return error_response(str(exc), "BadRequestError", 400)
         self._engine().submit(sim_request)

@@ -1,0 +1,203 @@
+"""Telemetry: the simulated server's /metrics against SGLang's own definitions, and the node worker's
+sampler cutting the server's time series into load levels (real simulated server, real sampler child)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from workers.job import LoadLevel, TelemetrySpec
+from workers.load.generator import run_load
+from workers.load.workloads import RandomIdsWorkload
+from workers.node.launcher import ServerProcess, start_sim
+from workers.node.telemetry import GPU, SERVER, AttemptTelemetry, parse_metrics
+from workers.sglang import api
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "1"}
+PROMETHEUS_TYPES = {"Gauge": "gauge", "Counter": "counter", "Histogram": "histogram", "Summary": "summary"}
+
+
+def sglang_metric_definitions() -> dict[str, str]:
+    """Every ``sglang:`` metric the installed SGLang 0.5.23 defines -> its type, read from its source."""
+    sources = list(REPO.glob(".venv-sglang/lib/python3*/site-packages/sglang/srt/observability/*.py"))
+    if not sources:
+        pytest.skip("SGLang's source is not installed in .venv-sglang (make sglang-venv)")
+    found: dict[str, str] = {}
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+                continue
+            kind = PROMETHEUS_TYPES.get(node.func.id)
+            name = next((k.value for k in node.keywords if k.arg == "name"), None)
+            if kind and isinstance(name, ast.Constant) and str(name.value).startswith("sglang:"):
+                found[str(name.value)] = kind
+    return found
+
+
+def eagle3_args(kimi_target: Path, eagle3_draft: Path) -> list[str]:
+    """EAGLE3 chain of 3 with metrics on."""
+    args = ["--model-path", str(kimi_target), "--tp-size", "8", "--speculative-algorithm", "EAGLE3"]
+    args += ["--speculative-draft-model-path", str(eagle3_draft), "--speculative-num-steps", "3"]
+    args += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--enable-metrics"]
+    return [*args, "--max-running-requests", "64"]
+
+
+@pytest.fixture(scope="module")
+def sim(kimi_target: Path, eagle3_draft: Path) -> Iterator[ServerProcess]:
+    """The EAGLE3 server, 20x faster than real."""
+    with start_sim(eagle3_args(kimi_target, eagle3_draft), env=FAST) as handle:
+        yield handle
+
+
+def test_sim_metrics_match_sglang_names_and_types_when_checked_against_installed_source(
+    sim: ServerProcess,
+) -> None:
+    """Every family the simulator exposes is one SGLang 0.5.23 defines, with the same type, and the
+    quantities it models (running/queued requests, KV use, throughput, acceptance, counters) are there."""
+    run_load(
+        sim.url, LoadLevel(concurrency=2, requests=4), RandomIdsWorkload(input_tokens=8, output_tokens=16)
+    )
+    with urllib.request.urlopen(sim.url + api.METRICS, timeout=10) as reply:
+        families = {f.name: f for f in text_string_to_metric_families(reply.read().decode())}
+    sglang = sglang_metric_definitions()
+    for name, family in families.items():
+        defined = name + "_total" if family.type == "counter" else name  # the parser drops _total
+        assert sglang.get(defined) == family.type, f"{defined}: SGLang defines {sglang.get(defined)}"
+    samples = {s.name: s for f in families.values() for s in f.samples}
+    modelled = (
+        api.METRIC_NUM_RUNNING,
+        api.METRIC_NUM_QUEUE,
+        api.METRIC_GEN_THROUGHPUT,
+        api.METRIC_TOKEN_USAGE,
+        api.METRIC_NUM_USED_TOKENS,
+        api.METRIC_SPEC_ACCEPT_LENGTH,
+        api.METRIC_SPEC_ACCEPT_RATE,
+        api.METRIC_SPEC_VERIFY_CALLS,
+        api.METRIC_PROMPT_TOKENS,
+        api.METRIC_GENERATION_TOKENS,
+        api.METRIC_NUM_REQUESTS,
+    )
+    assert [name for name in modelled if name not in samples] == []
+    generated = sum(
+        s.value for f in families.values() for s in f.samples if s.name == api.METRIC_GENERATION_TOKENS
+    )
+    assert generated >= 4 * 16 and samples[api.METRIC_SPEC_VERIFY_CALLS].value > 0
+
+
+def test_parse_metrics_keeps_sums_and_counts_when_histograms_have_buckets() -> None:
+    """Buckets and _created stamps are left out; labels become sorted JSON; counters keep _total."""
+    text = (
+        "# TYPE sglang:e2e_request_latency_seconds histogram\n"
+        'sglang:e2e_request_latency_seconds_bucket{model_name="m",le="1.0"} 3.0\n'
+        'sglang:e2e_request_latency_seconds_sum{model_name="m"} 1.5\n'
+        'sglang:e2e_request_latency_seconds_count{model_name="m"} 3.0\n'
+        "# TYPE sglang:spec_verify_calls_total counter\n"
+        'sglang:spec_verify_calls_total{model_name="m"} 7.0\n'
+        "# TYPE sglang:spec_verify_calls_created gauge\n"
+        'sglang:spec_verify_calls_created{model_name="m"} 1.7e9\n'
+    )
+    assert parse_metrics(text) == [
+        ("sglang:e2e_request_latency_seconds_sum", "histogram", '{"model_name": "m"}', 1.5),
+        ("sglang:e2e_request_latency_seconds_count", "histogram", '{"model_name": "m"}', 3.0),
+        ("sglang:spec_verify_calls_total", "counter", '{"model_name": "m"}', 7.0),
+    ]
+
+
+def test_attempt_telemetry_cuts_series_into_levels_when_server_serves_metrics(
+    kimi_target: Path, eagle3_draft: Path, tmp_path: Path
+) -> None:
+    """Two levels back to back: each gets its own running-request series on the requests' clock, and
+    the mean running count over a level's measured window matches the client's in-flight count (at
+    half real speed, so the client's own per-request overhead is small next to a request)."""
+    spec = TelemetrySpec(server_metrics_interval_s=0.05)
+    workload = RandomIdsWorkload(input_tokens=8, output_tokens=128)
+    results = []
+    env = {"SPECSWEEP_SIM_TIME_SCALE": "0.5", "SPECSWEEP_SIM_SEED": "1"}
+    with start_sim(eagle3_args(kimi_target, eagle3_draft), env=env) as sim:
+        telemetry = AttemptTelemetry.start(spec, sim.url, [], tmp_path / "telemetry.parquet")
+        assert telemetry.server_off is None
+        assert telemetry.gpu_off == "the slot has no GPUs (Ray assigned none)"
+        for concurrency in (2, 6):
+            level = LoadLevel(concurrency=concurrency, duration_s=2.0, warmup_requests=2, flush_cache=True)
+            entered = time.perf_counter_ns()
+            result = run_load(sim.url, level, workload, calibration_streams=4)
+            telemetry.level(level.label, entered, result.t0_ns)
+            results.append(result)
+        tables = telemetry.stop("s", "j")
+    assert tables[GPU].num_rows == 0
+    rows = tables[SERVER].to_pylist()
+    for result in results:
+
+        def mean(metric: str, label: str = result.level.label, end: float = result.duration_s) -> float:
+            window = [
+                r["value"]
+                for r in rows
+                if r["metric"] == metric and r["load_level"] == label and 0 <= r["time_s"] <= end
+            ]
+            assert len(window) >= 10, label
+            return sum(window) / len(window)
+
+        in_flight = sum((r.end_ns or 0) - r.start_ns for r in result.records) / 1e9 / result.duration_s
+        running, queued = mean(api.METRIC_NUM_RUNNING), mean(api.METRIC_NUM_QUEUE)
+        assert running == pytest.approx(in_flight, rel=0.05), result.level.label
+        assert running + queued == pytest.approx(in_flight, rel=0.05), result.level.label
+
+
+def test_attempt_telemetry_records_why_when_server_has_no_metrics(kimi_target: Path, tmp_path: Path) -> None:
+    """A server without --enable-metrics: no sampler starts, the reason names the flag, tables are empty."""
+    with start_sim(["--model-path", str(kimi_target)], env=FAST) as handle:
+        telemetry = AttemptTelemetry.start(TelemetrySpec(), handle.url, [], tmp_path / "t.parquet")
+        tables = telemetry.stop("s", "j")
+    assert telemetry.process is None
+    assert telemetry.server_off == "/metrics answered 404 (SGLang serves it with --enable-metrics)"
+    assert tables[SERVER].num_rows == 0 and tables[GPU].num_rows == 0
+
+
+def test_telemetry_command_says_gpu_sampling_is_off_when_host_has_no_nvidia_gpu() -> None:
+    """Standalone on a host without an NVIDIA driver: the reason on stderr, no samples, exit 0."""
+    from workers.node.telemetry import GpuUnavailable, nvml_device_count
+
+    try:
+        nvml_device_count()
+    except GpuUnavailable:
+        pass
+    else:
+        pytest.skip("this host has an NVIDIA driver")
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.node.telemetry", "--gpus", "all", "--seconds", "0.2"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "GPU sampling off: NVML did not start" in done.stderr
+    assert "summary (mean / max over the samples):" in done.stdout
+    assert json.dumps({"gpu_off": None}) not in done.stdout
+
+
+def test_start_profile_writes_placeholder_trace_when_server_is_simulated(
+    sim: ServerProcess, tmp_path: Path
+) -> None:
+    """/start_profile with a step bound: the simulator accepts it and writes its placeholder trace where
+    SGLang would write the profiler's; a server that does not answer gives a reason, not an exception."""
+    from workers.node.preflight import pick_free_port
+    from workers.node.telemetry import start_profile
+
+    out = tmp_path / "profile" / "concurrency=2"
+    assert start_profile(sim.url, out, "concurrency-2", 5) is None
+    trace = json.loads((out / "concurrency-2-sim.trace.json").read_text())
+    assert trace["traceEvents"] == [] and trace[api.PROFILE_NUM_STEPS] == 5
+    problem = start_profile(f"http://127.0.0.1:{pick_free_port('127.0.0.1')}", out, "x", 5)
+    assert problem is not None and problem.startswith("/start_profile failed")
