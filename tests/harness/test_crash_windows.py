@@ -63,7 +63,7 @@ def sweep_plan(tmp_path: Path, retries: int) -> Plan:
 
 def resume(out: Path, plan: Plan) -> JobQueue:
     queue = JobQueue(out)
-    _prepare_queue(queue, plan, out, LogProgress(io.StringIO()))
+    _prepare_queue(queue, plan, out, LogProgress(io.StringIO()), search=False)
     return queue
 
 

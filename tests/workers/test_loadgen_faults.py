@@ -116,12 +116,14 @@ def test_run_load_times_tokens_exactly_when_sglang_stream_has_either_shape(
         assert (r.chunk_tokens, r.completion_tokens, r.spec_verify_ct) == (chunk_tokens, 10, 4)
         assert r.ttft_ms is not None and r.ttft_ms < pace_ms
         steps = r.itl_per_step_ms or []
-        assert len(steps) == len(chunk_tokens) - 1 and min(steps) >= pace_ms * 0.99
+        # The server sleeps PACE_S between chunks; the client reads each chunk when it is scheduled, so a
+        # late read of one chunk shortens the next gap by that lateness (up to a few ms on a busy box).
+        assert len(steps) == len(chunk_tokens) - 1 and min(steps) >= pace_ms * 0.9
         per_token = r.itl_per_token_ms or []
         assert len(per_token) == 10 - chunk_tokens[0]
         assert per_token[: chunk_tokens[1]] == [steps[0] / chunk_tokens[1]] * chunk_tokens[1]
         ideal_tpot_ms = (len(chunk_tokens) - 1) * pace_ms / 9
-        assert r.tpot_ms is not None and ideal_tpot_ms * 0.99 <= r.tpot_ms < ideal_tpot_ms * 1.5
+        assert r.tpot_ms is not None and ideal_tpot_ms * 0.97 <= r.tpot_ms < ideal_tpot_ms * 1.5
         assert r.tpot_ms * 9 == pytest.approx(sum(steps), rel=1e-9)
 
 
