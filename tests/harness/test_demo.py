@@ -17,7 +17,9 @@ from harness.progress import progress_for
 from harness.spec import parse_spec
 from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth
 
-pytestmark = pytest.mark.ray
+# The first test of the module waits for both fixtures' sweeps (two embedded 2-node clusters, a few minutes
+# each on a 2-core machine), which is more than the suite's per-test default.
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 DURATION_S = 6.0  # the demo runs 8 s per level; fewer requests at concurrency 1 let acceptance luck decide
 
