@@ -9,6 +9,8 @@ on is ignored. ``specsweep status`` reads the same file while a sweep runs (WAL 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import time
 import uuid
@@ -140,6 +142,24 @@ def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
     return conn
 
 
+def _create_queue_file(path: Path) -> None:
+    """Build the schema under a temporary name, then link it into place, so a reader (``status``, a
+    second driver) never opens a queue file that has no tables yet. ``os.link`` refuses to replace: if
+    another process created the queue first, its file stays and this one is dropped."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        conn = _connect(tmp, read_only=False)
+        try:
+            conn.executescript(_SCHEMA)
+        finally:
+            conn.close()
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            leftover.unlink(missing_ok=True)
+
+
 class JobQueue:
     """The driver's handle on the queue. One instance, one thread: the driver is the only writer."""
 
@@ -147,7 +167,9 @@ class JobQueue:
         self.path = Path(out_dir) / QUEUE_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with readable_queue(self.path):
-            if self.path.exists() and self.path.stat().st_size == 0:
+            if not self.path.exists():
+                _create_queue_file(self.path)
+            elif self.path.stat().st_size == 0:
                 raise sqlite3.DatabaseError("the file is empty")
             self._conn = _connect(self.path, read_only=False)
             self._conn.executescript(_SCHEMA)

@@ -90,3 +90,27 @@ def test_queue_is_readable_by_another_connection_when_driver_writes(tmp_path: Pa
     assert lease is not None
     assert read_counts(reader) == {"pending": 1, "leased": 1, "done": 0, "failed": 0}
     reader.close()
+
+
+def test_queue_file_appears_with_its_tables_when_created(tmp_path: Path) -> None:
+    """The queue is built under a temporary name and linked into place: the first moment
+    ``queue.sqlite`` exists, a reader (``status``, a test polling it) finds the jobs table, and no
+    temporary file is left behind."""
+    queue = JobQueue(tmp_path)
+    queue.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["queue.sqlite"]
+    conn = open_read_only(tmp_path)
+    assert read_counts(conn) == {"pending": 0, "leased": 0, "done": 0, "failed": 0}
+    conn.close()
+
+
+def test_queue_keeps_the_existing_file_when_another_process_created_it_first(tmp_path: Path) -> None:
+    """Two processes racing to create the queue: the loser's file is dropped, the winner's jobs stay."""
+    from harness.queue import _create_queue_file
+
+    filled(tmp_path, 2).close()
+    _create_queue_file(tmp_path / "queue.sqlite")
+    conn = open_read_only(tmp_path)
+    assert read_counts(conn)["pending"] == 2
+    conn.close()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
