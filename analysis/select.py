@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,7 +41,8 @@ from analysis.goodput import GOODPUT_METRICS, goodput_metrics, meets_sql
 from analysis.layout import attempted_job_ids, committed_job_ids
 from analysis.metrics import METRICS_BY_NAME, Metric, Rate
 from analysis.slo import Slo, check_metric
-from analysis.views import requests_of_jobs
+from analysis.store import ResultStore, as_store
+from analysis.views import Location, requests_of_jobs
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ class _Run:
 
 def select_best(
     con: duckdb.DuckDBPyConnection,
-    out: Path,
+    out: Location,
     *,
     objective: str = DEFAULT_OBJECTIVE,
     slos: tuple[Slo, ...] = (),
@@ -182,6 +182,7 @@ def select_best(
 ) -> Selection:
     """Rank configs per level; see the module docstring for the statistics. A config whose error rate
     at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason."""
+    out = as_store(out)
     metrics = {**METRICS_BY_NAME, **goodput_metrics(request_slos)}
     metric = _objective_metric(objective, metrics)
     _check_goodput_slos(slos, metrics)
@@ -201,7 +202,7 @@ def select_best(
     if not runs_by_level:
         raise ResultsError(
             "no job finished with measured load levels (every committed job failed)",
-            where=str(out),
+            where=out.location,
             fix='see `specsweep sql OUT "SELECT config_label, error_class, error_message FROM jobs"`',
         )
     levels = _order_levels(con, list(runs_by_level))
@@ -271,7 +272,9 @@ def _check_goodput_slos(slos: tuple[Slo, ...], metrics: dict[str, Metric]) -> No
         raise _goodput_needs_slos("--slo")
 
 
-def _completeness_notes(con: duckdb.DuckDBPyConnection, out: Path, *, allow_partial: bool) -> list[str]:
+def _completeness_notes(
+    con: duckdb.DuckDBPyConnection, out: ResultStore, *, allow_partial: bool
+) -> list[str]:
     """What the results lack; a sweep with uncommitted jobs is refused unless allow_partial."""
     notes: list[str] = []
     uncommitted = sorted(attempted_job_ids(out) - committed_job_ids(out))
@@ -281,7 +284,7 @@ def _completeness_notes(con: duckdb.DuckDBPyConnection, out: Path, *, allow_part
         if not allow_partial:
             raise ResultsError(
                 message,
-                where=str(out),
+                where=out.location,
                 fix="wait for `specsweep run` to finish (or resume it), or pass --allow-partial "
                 "to rank only the committed jobs",
             )
@@ -313,7 +316,7 @@ def _single_sweep(con: duckdb.DuckDBPyConnection) -> str:
 
 def _load_runs(
     con: duckdb.DuckDBPyConnection,
-    out: Path,
+    out: ResultStore,
     metric: Metric,
     slos: tuple[Slo, ...],
     request_slos: tuple[Slo, ...],
@@ -350,7 +353,7 @@ def _load_runs(
 
 
 def _good_counts(
-    con: duckdb.DuckDBPyConnection, out: Path, job_ids: set[str], request_slos: tuple[Slo, ...]
+    con: duckdb.DuckDBPyConnection, out: ResultStore, job_ids: set[str], request_slos: tuple[Slo, ...]
 ) -> dict[tuple[str, str], tuple[int, int]]:
     """Per (job, level): non-warmup requests that meet ``request_slos`` and all non-warmup requests."""
     rows = con.sql(

@@ -2,6 +2,10 @@
 
 An in-memory DuckDB connection reads the committed Parquet files directly; it opens no database
 file and takes no lock, so it is safe next to a running sweep (it never touches ``queue.sqlite``).
+Results in an object store (``analysis.store``) are read through pyarrow: the commit objects (``jobs``)
+are listed first, then every table's files, and only files of jobs committed at that first listing
+become the Arrow datasets DuckDB scans, so a sweep that commits while a query runs shows a consistent
+set of jobs; DuckDB itself touches no file or network there (its file access stays off).
 
 Views (columns as documented in ``docs/results.md``):
 
@@ -30,6 +34,7 @@ Views (columns as documented in ``docs/results.md``):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +45,7 @@ from analysis.layout import (
     attempted_job_ids,
     committed_job_ids,
     job_table_glob,
+    part_ids,
     sweep_table_glob,
 )
 from analysis.metrics import ACCEPT_LENGTH_SQL, OK
@@ -51,6 +57,7 @@ from analysis.schema import (
     TELEMETRY_SCHEMA,
     TELEMETRY_TABLES,
 )
+from analysis.store import ResultStore, as_store
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -136,19 +143,26 @@ FROM w GROUP BY sweep_id, job_id, load_level, metric, kind, labels
 """
 
 
-def check_results_dir(out: Path) -> None:
+Location = ResultStore | str | os.PathLike[str]
+
+
+def check_results_dir(out: Location) -> None:
     """Raise ResultsError unless ``out`` holds at least one committed job of a sweep."""
-    if not out.exists():
-        raise ResultsError(
-            "no such directory", where=str(out), fix="pass the output directory of `specsweep run`"
-        )
-    if not out.is_dir():
-        raise ResultsError(
-            "not a directory", where=str(out), fix="pass the output directory of `specsweep run`"
-        )
-    if committed_job_ids(out):
+    store = as_store(out)
+    if store.local_dir is not None:
+        if not store.local_dir.exists():
+            raise ResultsError(
+                "no such directory", where=store.location, fix="pass the output directory of `specsweep run`"
+            )
+        if not store.local_dir.is_dir():
+            raise ResultsError(
+                "not a directory", where=store.location, fix="pass the output directory of `specsweep run`"
+            )
+    else:
+        store.check(write=False)
+    if committed_job_ids(store):
         return
-    in_progress = attempted_job_ids(out)
+    in_progress = attempted_job_ids(store)
     detail = (
         f"; {len(in_progress)} job(s) have attempts in progress but none has committed yet"
         if in_progress
@@ -156,33 +170,31 @@ def check_results_dir(out: Path) -> None:
     )
     raise ResultsError(
         f"holds no sweep results: no committed jobs (OUT/jobs/sweep=<id>/job=<id>/part-0.parquet){detail}",
-        where=str(out),
+        where=store.location,
         fix="point at a sweep's output directory (the --out of `specsweep run`), "
         "or wait until its first job commits",
     )
 
 
-def connect(out: Path) -> duckdb.DuckDBPyConnection:
+def connect(out: Location) -> duckdb.DuckDBPyConnection:
     """In-memory DuckDB with the views above registered over ``out``'s committed results."""
     import duckdb
 
-    check_results_dir(out)
+    store = as_store(out)
+    check_results_dir(store)
     con = duckdb.connect(":memory:")
     con.execute("SET enable_progress_bar = false")
-    _register_table(con, "sweep", sweep_table_glob(out), SWEEP_SCHEMA, partitions=("sweep",))
-    _register_table(con, "jobs", job_table_glob(out, "jobs"), JOBS_SCHEMA, partitions=("sweep", "job"))
-    _register_table(
-        con, "levels_all", job_table_glob(out, "levels"), LEVELS_SCHEMA, partitions=("sweep", "job")
-    )
+    sources = _local_sources(store) if store.local_dir is not None else _remote_sources(con, store)
+    _register_table(con, "sweep", sources["sweep"], SWEEP_SCHEMA, partitions=("sweep",))
+    _register_table(con, "jobs", sources["jobs"], JOBS_SCHEMA, partitions=("sweep", "job"))
+    _register_table(con, "levels_all", sources["levels"], LEVELS_SCHEMA, partitions=("sweep", "job"))
     con.execute(
         "CREATE VIEW levels AS SELECT * FROM levels_all l "
         "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = l.sweep_id AND j.job_id = l.job_id)"
     )
-    _register_requests(con, out)
+    _register_requests(con, sources["requests"])
     for name in TELEMETRY_TABLES:
-        _register_table(
-            con, f"{name}_all", job_table_glob(out, name), TELEMETRY_SCHEMA, partitions=("sweep", "job")
-        )
+        _register_table(con, f"{name}_all", sources[name], TELEMETRY_SCHEMA, partitions=("sweep", "job"))
         con.execute(
             f"CREATE VIEW {name} AS SELECT * FROM {name}_all t "
             "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = t.sweep_id AND j.job_id = t.job_id)"
@@ -195,8 +207,62 @@ def connect(out: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def _local_sources(store: ResultStore) -> dict[str, str | None]:
+    """Per table the relation DuckDB reads (read_parquet over its glob), None when it has no file."""
+    assert store.local_dir is not None
+    out = store.local_dir
+    globs = {"sweep": sweep_table_glob(out), **{t: job_table_glob(out, t) for t in JOB_TABLES}}
+    return {table: _read_parquet(glob) if _has_files(glob) else None for table, glob in globs.items()}
+
+
+def _remote_sources(con: duckdb.DuckDBPyConnection, store: ResultStore) -> dict[str, str | None]:
+    """Per table an Arrow dataset over the files of the jobs committed when the commits were listed
+    (listed before the data, which is published before its commit), registered as ``_<table>_files``."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    committed = {ids for key in store.list_files("jobs") if (ids := part_ids(key, "jobs"))}
+    schemas = {
+        "sweep": SWEEP_SCHEMA,
+        "jobs": JOBS_SCHEMA,
+        "levels": LEVELS_SCHEMA,
+        "requests": REQUESTS_SCHEMA,
+    }
+    schemas |= dict.fromkeys(TELEMETRY_TABLES, TELEMETRY_SCHEMA)
+    sources: dict[str, str | None] = {}
+    for table, schema in schemas.items():
+        keys = store.list_files(table)
+        if table == "sweep":
+            files = [k for k in keys if k.count("/") == 2 and k.split("/")[1].startswith("sweep=")]
+            partitions = [pa.field("sweep", pa.string())]
+        else:
+            files = [k for k in keys if part_ids(k, table) in committed]
+            partitions = [pa.field("sweep", pa.string()), pa.field("job", pa.string())]
+        full = pa.schema(list(schema) + partitions)
+        name = f"_{table}_files"
+        if files:
+            con.register(
+                name,
+                ds.dataset(
+                    [store.key(f) for f in files],
+                    schema=full,
+                    format="parquet",
+                    filesystem=store.fs,
+                    partitioning=ds.partitioning(pa.schema(partitions), flavor="hive"),
+                    partition_base_dir=store.key(table),
+                ),
+            )
+            sources[table] = name
+        elif table == "requests":  # requests_of_jobs reads it even when empty
+            con.register(name, full.empty_table())
+            sources[table] = None
+        else:
+            sources[table] = None
+    return sources
+
+
 @contextmanager
-def readable_results(out: Path) -> Iterator[None]:
+def readable_results(out: Location) -> Iterator[None]:
     """Turn DuckDB's error on a damaged result file (truncated, not Parquet, wrong schema) into one
     line naming it; the other files are untouched."""
     import duckdb
@@ -207,7 +273,7 @@ def readable_results(out: Path) -> Iterator[None]:
         first = str(err).strip().splitlines()[0]
         raise ResultsError(
             f"cannot read the results: {first}",
-            where=str(out),
+            where=out.location if isinstance(out, ResultStore) else str(out),
             fix="a result file is damaged: restore that file from a copy (the other files are intact)",
         ) from None
 
@@ -216,14 +282,18 @@ def readable_results(out: Path) -> Iterator[None]:
 READ_ONLY_STATEMENTS: tuple[str, ...] = ("SELECT", "EXPLAIN")
 
 
-def make_read_only(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+def make_read_only(con: duckdb.DuckDBPyConnection, out: Location) -> None:
     """Confine a connection made by ``connect`` to reading the results: files outside the result tables
-    cannot be read or written, extensions cannot be installed or loaded, and the configuration is locked
-    so a query cannot undo it. Statements other than queries are refused by ``check_read_only``."""
-    tables = ["sweep", *JOB_TABLES]
-    roots = sorted({str(root / table) + "/" for root in (out, out.resolve()) for table in tables})
-    listed = ", ".join("'" + root.replace("'", "''") + "'" for root in roots)
-    con.execute(f"SET allowed_directories = [{listed}]")
+    cannot be read or written (over an object store DuckDB may touch no file at all: it reads only the
+    Arrow datasets ``connect`` registered), extensions cannot be installed or loaded, and the
+    configuration is locked so a query cannot undo it. Statements other than queries are refused by
+    ``check_read_only``."""
+    local = as_store(out).local_dir
+    if local is not None:
+        tables = ["sweep", *JOB_TABLES]
+        roots = sorted({str(root / table) + "/" for root in (local, local.resolve()) for table in tables})
+        listed = ", ".join("'" + root.replace("'", "''") + "'" for root in roots)
+        con.execute(f"SET allowed_directories = [{listed}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
@@ -257,20 +327,24 @@ def _read_parquet(glob: str) -> str:
 
 
 def _register_table(
-    con: duckdb.DuckDBPyConnection, name: str, glob: str, schema: pa.Schema, partitions: tuple[str, ...]
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    source: str | None,
+    schema: pa.Schema,
+    partitions: tuple[str, ...],
 ) -> None:
-    """A view over the files, without the hive partition columns (the files carry the ids)."""
-    if not _has_files(glob):
+    """A view over the files (``source``: the relation that reads them), without the hive partition
+    columns (the files carry the ids)."""
+    if source is None:
         _register_empty(con, name, schema)
         return
     exclude = ", ".join(partitions)
-    con.execute(f"CREATE VIEW {name} AS SELECT * EXCLUDE ({exclude}) FROM {_read_parquet(glob)}")
+    con.execute(f"CREATE VIEW {name} AS SELECT * EXCLUDE ({exclude}) FROM {source}")
 
 
-def _register_requests(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+def _register_requests(con: duckdb.DuckDBPyConnection, source: str | None) -> None:
     """Requests carry no ids in the file: they come from the sweep=/job= directories."""
-    glob = job_table_glob(out, "requests")
-    if not _has_files(glob):
+    if source is None:
         import pyarrow as pa
 
         ids = [pa.field("sweep_id", pa.string()), pa.field("job_id", pa.string())]
@@ -279,19 +353,22 @@ def _register_requests(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     con.execute(
         "CREATE VIEW requests AS "
         "SELECT r.sweep AS sweep_id, r.job AS job_id, r.* EXCLUDE (sweep, job) "
-        f"FROM {_read_parquet(glob)} r "
+        f"FROM {source} r "
         "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = r.sweep AND j.job_id = r.job)"
     )
 
 
-def requests_of_jobs(out: Path, job_ids: set[str]) -> str:
+def requests_of_jobs(out: Location, job_ids: set[str]) -> str:
     """A relation (for FROM) over the request rows of these committed jobs only, as the ``requests`` view
     shows them: the job list prunes partitions by directory, so a scan reads no other job's files and
-    needs no semi-join with ``jobs`` (the view's way, which a one-shot ranking does not need)."""
+    needs no semi-join with ``jobs`` (the view's way, which a one-shot ranking does not need). Over an
+    object store it reads the dataset ``connect`` registered on the same connection."""
     ids = ", ".join("'" + job.replace("'", "''") + "'" for job in sorted(job_ids)) or "NULL"
+    local = as_store(out).local_dir
+    source = _read_parquet(job_table_glob(local, "requests")) if local is not None else "_requests_files"
     return (
         "(SELECT r.sweep AS sweep_id, r.job AS job_id, r.* EXCLUDE (sweep, job) "
-        f"FROM {_read_parquet(job_table_glob(out, 'requests'))} r WHERE r.job IN ({ids}))"
+        f"FROM {source} r WHERE r.job IN ({ids}))"
     )
 
 

@@ -33,7 +33,16 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
 from harness.queue import JobQueue, Lease
-from harness.results import check_output_dir, claim_output_dir, median_client_delay_us, write_sweep_row
+from harness.results import (
+    Output,
+    check_output,
+    claim_output_dir,
+    mark_leased,
+    median_client_delay_us,
+    output_for,
+    publish_queue,
+    write_sweep_row,
+)
 from harness.search.session import SearchSession
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
@@ -48,6 +57,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "specsweep"
 POLL_S = 0.2
+QUEUE_PUBLISH_S = 5.0  # how often an object-store output gets a fresh copy of the queue (status reads it)
 MAX_ACTOR_START_FAILURES = 5  # a slot whose worker cannot even start this many times in a row is given up
 ATTEMPT_MARGIN_S = 120.0  # on top of the job's own stage limits before the driver gives up on a worker
 
@@ -116,16 +126,16 @@ def _ready(refs: list[Any]) -> list[Any]:
 
 
 @contextmanager
-def _file_lock(out: Path) -> Iterator[None]:
-    """An exclusive lock on OUT, so two drivers on one machine cannot share a queue."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".driver.lock", "w") as handle:
+def _file_lock(out: Output) -> Iterator[None]:
+    """An exclusive lock on the state directory, so two drivers on one machine cannot share a queue."""
+    out.state.mkdir(parents=True, exist_ok=True)
+    with open(out.state / ".driver.lock", "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ClusterError(
                 "another driver is running a sweep in this output directory",
-                where=str(out),
+                where=out.store.describe(),
                 fix="wait for it to finish (specsweep status OUT), or stop it first",
             ) from None
         yield
@@ -160,9 +170,10 @@ def _connect(address: str, spec: SweepSpec) -> bool:
     return True
 
 
-def _acquire_driver_lock(sweep_id: str, out: Path) -> Any:
+def _acquire_driver_lock(sweep_id: str, where: str | Path) -> Any:
+    """The named actor that marks ``sweep_id`` as run by this driver (``where``: its output)."""
     name = f"specsweep-driver-{sweep_id}"
-    holder = f"{socket.gethostname()}:{out.resolve()}"
+    holder = f"{socket.gethostname()}:{where}"
     try:
         lock = DriverLock.options(name=name, namespace=NAMESPACE).remote(holder)  # type: ignore[attr-defined]
         ray.get(lock.holder.remote())
@@ -208,7 +219,7 @@ def _placement_error(spec: SweepSpec, waited_s: float) -> ClusterError:
 class Driver:
     """The dispatch loop over slots and the queue (one thread: the queue's only writer)."""
 
-    def __init__(self, spec: SweepSpec, plan: Plan, out: Path, queue: JobQueue, progress: Progress) -> None:
+    def __init__(self, spec: SweepSpec, plan: Plan, out: Output, queue: JobQueue, progress: Progress) -> None:
         self.spec = spec
         self.plan = plan
         self.out = out
@@ -219,7 +230,8 @@ class Driver:
         self._stop_signal: int | None = None
         self._job_seconds: list[float] = []
         self._worker_class = ray.remote(NodeWorker)
-        self.search = SearchSession(spec, plan, out) if spec.search.strategy == "model" else None
+        self.search = SearchSession(spec, plan, out.store) if spec.search.strategy == "model" else None
+        self._published_at = -math.inf
         self._search_asked_at: tuple[int, int] | None = None  # (done, failed) when it last had nothing
 
     # --- lifecycle ------------------------------------------------------------------------------------
@@ -263,7 +275,7 @@ class Driver:
             max_task_retries=0,
             max_concurrency=2,  # cancel() runs beside run_job()
             scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, placement_group_bundle_index=0),
-        ).remote(str(self.out.resolve()), slot.index)
+        ).remote(str(self.out.state.resolve()), slot.index)
         slot.ready_ref = slot.actor.ready.remote()
         slot.set_state("placing")
 
@@ -308,6 +320,14 @@ class Driver:
             elif now - last_alive > self.spec.timeouts.placement_s:
                 raise _placement_error(self.spec, now - last_alive)
             self.progress.update(self._view())
+            self._publish_queue(now)
+
+    def _publish_queue(self, now: float) -> None:
+        """Every QUEUE_PUBLISH_S, a copy of the queue for ``status`` on an object store (run_sweep
+        publishes the last one)."""
+        if now - self._published_at >= QUEUE_PUBLISH_S:
+            publish_queue(self.out, self.queue)
+            self._published_at = now
 
     def _dispatch(self) -> None:
         alive = sum(1 for s in self.slots if s.state in ("idle", "busy"))
@@ -318,6 +338,7 @@ class Driver:
             if lease is None:
                 continue
             job = self.jobs.get(lease.job_id) or JobSpec.model_validate_json(lease.payload)
+            mark_leased(self.out, lease.job_id, lease.attempt)
             slot.lease, slot.job = lease, job
             slot.job_ref = slot.actor.run_job.remote(lease.payload, lease.attempt, lease.token)
             slot.deadline = time.monotonic() + self._attempt_budget(job)
@@ -488,7 +509,7 @@ class Driver:
         return SweepView(counts=counts, slots=slots, eta_s=eta)
 
 
-def _prepare_queue(queue: JobQueue, plan: Plan, out: Path, progress: Progress, *, search: bool) -> int:
+def _prepare_queue(queue: JobQueue, plan: Plan, out: Output, progress: Progress, *, search: bool) -> int:
     """Add the plan's jobs (ids already there are kept; a search adds its own as it decides) and settle
     jobs a dead driver left leased (harness.settle: by their committed rows). Returns the sweep's
     creation time."""
@@ -512,39 +533,44 @@ def run_sweep(
     spec: SweepSpec,
     spec_text: str,
     plan: Plan,
-    out: Path,
+    out: Output | Path | str,
     *,
     ray_address: str,
     resume: bool,
     progress: Progress,
 ) -> SweepSummary:
-    """Run (or resume) a planned sweep into ``out``; see the module docstring."""
+    """Run (or resume) a planned sweep into ``out`` (a directory, an object-store URI, or an Output with
+    its state directory); see the module docstring."""
     if not plan.jobs:
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
-    check_output_dir(out)
+    out = output_for(out)
+    check_output(out)  # before Ray: a bad URI, endpoint, bucket or key is refused before any launch
     started_ray = _connect(ray_address, spec)
+    where = out.store.describe() if out.remote else str(out.state.resolve())
     try:
         with _file_lock(out):
             claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
-            lock = _acquire_driver_lock(plan.sweep_id, out)  # before the queue: a refusal leaves no file
+            lock = _acquire_driver_lock(plan.sweep_id, where)  # before the queue: a refusal leaves no file
             queue = None
             try:
-                queue = JobQueue(out)
+                queue = JobQueue(out.state)
                 created = _prepare_queue(queue, plan, out, progress, search=spec.search.strategy == "model")
                 write_sweep_row(
-                    out, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created
+                    out.store, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created
                 )
                 queue.event("driver_start", f"{socket.gethostname()} ray {ray.__version__}")
+                publish_queue(out, queue)
                 summary = Driver(spec, plan, out, queue, progress).run()
                 write_sweep_row(
-                    out,
+                    out.store,
                     plan.sweep_id,
                     spec_text,
                     sglang_version=SGLANG_VERSION,
                     created_ns=created,
-                    client_delay_us=median_client_delay_us(out, plan.sweep_id),
+                    client_delay_us=median_client_delay_us(out.store, plan.sweep_id),
                 )
                 queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
+                publish_queue(out, queue)
                 return summary
             finally:
                 ray.kill(lock)

@@ -178,6 +178,10 @@ class JobQueue:
     def close(self) -> None:
         self._conn.close()
 
+    def backup(self, target: sqlite3.Connection) -> None:
+        """Copy the whole queue into ``target`` as of one moment (SQLite's online backup)."""
+        self._conn.backup(target)
+
     # --- setup ---------------------------------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:

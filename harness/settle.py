@@ -22,11 +22,10 @@ are. A row counts only when it belongs to the job's latest attempt.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from analysis.schema import JobRecord
 from harness.queue import JobQueue, Lease
-from harness.results import commit_attempt, commit_jobs_row, committed_row, drop_uncommitted_parts
+from harness.results import Output, commit_attempt, commit_jobs_row, committed_row, drop_uncommitted_parts
 from harness.retry import allowed_failures
 from specsweep.error_classes import ErrorClass
 from workers.job import AttemptResult, JobSpec
@@ -49,7 +48,7 @@ class Failure:
             raise ValueError("a Failure holds either the worker's result or the driver's lost_record")
 
 
-def settle_success(out: Path, queue: JobQueue, job: JobSpec, lease: Lease, result: AttemptResult) -> bool:
+def settle_success(out: Output, queue: JobQueue, job: JobSpec, lease: Lease, result: AttemptResult) -> bool:
     """Commit a successful attempt (requests, levels, then the jobs row) and mark the job done, while the
     lease still holds; False (nothing written) for a stale lease."""
     if not queue.holds(lease.job_id, lease.token):
@@ -60,7 +59,7 @@ def settle_success(out: Path, queue: JobQueue, job: JobSpec, lease: Lease, resul
 
 
 def settle_failure(
-    out: Path, queue: JobQueue, job: JobSpec, lease: Lease, failure: Failure, *, retries: int
+    out: Output, queue: JobQueue, job: JobSpec, lease: Lease, failure: Failure, *, retries: int
 ) -> str | None:
     """Apply the retry policy to a failed attempt. A final failure first gets its jobs row (and loses any
     requests/levels file an earlier crashed commit left), then the queue state. Returns the job's new
@@ -86,7 +85,7 @@ def settle_failure(
     )
 
 
-def settle_leftovers(queue: JobQueue, out: Path, sweep_id: str) -> None:
+def settle_leftovers(queue: JobQueue, out: Output, sweep_id: str) -> None:
     """On resume: give every job a dead driver left leased the state its committed row says (see the
     table above), and put the others back to pending with their partial files removed."""
     for job_id in queue.ids_in("leased"):

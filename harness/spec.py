@@ -161,7 +161,8 @@ class SweepSpec(StrictModel):
     )
     output_dir: str = Field(
         default="results",
-        description="Local results directory (queue, logs, Parquet tables); --out overrides.",
+        description="Results directory (queue, logs, Parquet tables), or an object-store URI "
+        "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX; the queue then stays on the driver's disk); --out overrides.",
     )
     env: dict[str, str] = Field(
         default_factory=dict,

@@ -40,6 +40,11 @@ class ResultsError(SpecsweepError):
     """A results directory that holds no (or incomplete) sweep results, or a bad query on it."""
 
 
+class StoreError(ResultsError):
+    """An output location that cannot be used: a bad object-store URI, an unreachable endpoint, a missing
+    bucket, missing or rejected credentials."""
+
+
 class ClusterError(SpecsweepError):
     """The Ray cluster cannot run the sweep as asked (placement, resources, driver lock)."""
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.object_store import S3Server, moto_server
 from workers.sglang import default_sglang_python
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -38,6 +40,21 @@ def sglang_python() -> str:
             "no SGLang interpreter: run `make sglang-venv` (make test does) or set SPECSWEEP_SGLANG_PYTHON"
         )
     return python
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3-compatible server on 127.0.0.1, one for the session (each test makes its own bucket)."""
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The S3 server, with this process's environment pointed at it (keys, region, endpoint)."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from analysis.select import LevelChoice, Selection
+    from analysis.store import ResultStore
 
 
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,11 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         OBJECTIVE_ALIASES,
     )
 
-    parser.add_argument("out", type=Path, metavar="OUT", help="the sweep's output directory")
+    parser.add_argument(
+        "out",
+        metavar="OUT",
+        help="the sweep's output: a directory, or an s3:// or gs:// URI (docs/results.md)",
+    )
     parser.add_argument(
         "--slo",
         default="",
@@ -95,23 +100,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def selection_from_args(args: argparse.Namespace) -> tuple[duckdb.DuckDBPyConnection, Selection]:
-    """Open OUT and run the selection the flags ask for (shared with ``report``)."""
+def selection_from_args(
+    args: argparse.Namespace, store: ResultStore
+) -> tuple[duckdb.DuckDBPyConnection, Selection]:
+    """Open OUT (``store``) and run the selection the flags ask for (shared with ``report``)."""
     from analysis.goodput import parse_request_slos
     from analysis.select import SLO_METRICS, select_best
     from analysis.slo import parse_slos
     from analysis.views import connect, readable_results
 
     slos = parse_slos(args.slo, SLO_METRICS)
-    with readable_results(args.out):
-        con = connect(args.out)
+    with readable_results(store):
+        con = connect(store)
         if args.request_slo is not None:
             request_slos = parse_request_slos(args.request_slo)
         else:
             request_slos = parse_request_slos(_spec_request_slo(con), where="the sweep spec's request_slo")
         selection = select_best(
             con,
-            args.out,
+            store,
             objective=args.objective,
             slos=slos,
             request_slos=request_slos,
@@ -138,7 +145,9 @@ def _spec_request_slo(con: duckdb.DuckDBPyConnection) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    con, selection = selection_from_args(args)
+    from analysis.store import open_store
+
+    con, selection = selection_from_args(args, open_store(args.out))
     deployment = None
     if args.emit is not None:
         from harness.emit import emit

@@ -9,6 +9,8 @@ from harness.commands.base import Command
 from harness.commands.best import add_selection_arguments, selection_from_args
 from specsweep.errors import ResultsError
 
+REPORT = "report.html"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
@@ -18,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="where to write (default OUT/report.html)",
+        help="where to write (default OUT/report.html; into the bucket when OUT is a URI)",
     )
 
 
@@ -36,21 +38,27 @@ def server_timeline() -> tuple[tuple[str, str], ...]:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.report import render_report, write_report
+    from analysis.store import open_store
     from analysis.views import readable_results
 
-    target = args.output or args.out / "report.html"
-    if target.is_dir():  # found before the work, not after it
+    store = open_store(args.out)
+    target: Path | None = args.output or (store.local(REPORT) if store.local_dir is not None else None)
+    if target is not None and target.is_dir():  # found before the work, not after it
         raise ResultsError(
             "the report's target is a directory",
             where=str(target),
             fix="pass a file name, e.g. -o report.html",
         )
-    con, selection = selection_from_args(args)
+    con, selection = selection_from_args(args, store)
     try:
-        with readable_results(args.out):
+        with readable_results(store):
             html = render_report(con, selection, server_timeline())
     finally:
         con.close()
+    if target is None:  # OUT is an object store: the report goes next to the results
+        store.write_bytes(REPORT, html.encode())
+        print(f"wrote {store.describe(REPORT)}")
+        return 0
     try:
         target = write_report(html, target)
     except OSError as err:

@@ -21,7 +21,17 @@ from harness.spec import load_spec
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SWEEP.yaml", help="the sweep spec")
-    parser.add_argument("--out", metavar="DIR", help="results directory (default: the spec's output_dir)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR|URI",
+        help="results directory, or an s3:// or gs:// URI (default: the spec's output_dir)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="object-store --out: where this host keeps the sweep's queue (default: a directory under "
+        "$SPECSWEEP_STATE_DIR keyed by the URI; docs/cluster.md)",
+    )
     parser.add_argument(
         "--ray-address",
         default="auto",
@@ -46,13 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.driver import run_sweep
     from harness.progress import progress_for
+    from harness.results import output_for
 
     spec, text = load_spec(args.spec)
+    location = args.out or spec.output_dir
+    out = output_for(location, args.state_dir)  # a malformed URI is refused before planning
     plan = unchecked_plan(spec) if args.no_validate else validated_plan(spec, args)
     print(plan_summary(plan), flush=True)
     require_jobs(plan, args.spec)
     require_nothing_dropped(plan, args.spec, allow_dropped=args.allow_dropped)
-    out = Path(args.out or spec.output_dir)
     progress = progress_for(sys.stdout)
     try:
         summary = run_sweep(
@@ -63,17 +75,20 @@ def run(args: argparse.Namespace) -> int:
     counts = summary.counts
     print(
         f"sweep {plan.sweep_id}: done {counts['done']}, failed {counts['failed']}, pending {counts['pending']} "
-        f"-> {out}"
+        f"-> {location}"
     )
     if summary.interrupted:
-        print(f"interrupted: continue with `{resume_command(args, out)}`", file=sys.stderr)
+        print(f"interrupted: continue with `{resume_command(args, location)}`", file=sys.stderr)
         return 130
     return 1 if counts["failed"] else 0
 
 
-def resume_command(args: argparse.Namespace, out: Path) -> str:
-    """The command that continues this sweep: the same spec, OUT and Ray address, plus --resume."""
+def resume_command(args: argparse.Namespace, out: str | Path) -> str:
+    """The command that continues this sweep: the same spec, OUT, state directory and Ray address, plus
+    --resume."""
     argv = ["specsweep", "run", args.spec, "--out", str(out), "--resume"]
+    if getattr(args, "state_dir", None):
+        argv += ["--state-dir", args.state_dir]
     if args.ray_address != "auto":
         argv += ["--ray-address", args.ray_address]
     return shlex.join(argv)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.base import Command
@@ -23,7 +22,9 @@ PROMPT = "specsweep> "
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out", type=Path, metavar="OUT", help="the sweep's output directory")
+    parser.add_argument(
+        "out", metavar="OUT", help="the sweep's output: a directory, or an s3:// or gs:// URI"
+    )
     parser.add_argument(
         "query",
         nargs="?",
@@ -53,12 +54,14 @@ def _row_count(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from analysis.store import open_store
     from analysis.views import connect, make_read_only, readable_results
 
-    with readable_results(args.out):
-        con = connect(args.out)  # refuses a directory without results before any shell opens
+    store = open_store(args.out)
+    with readable_results(store):
+        con = connect(store)  # refuses a directory without results before any shell opens
     if not args.unsafe:
-        make_read_only(con, args.out)
+        make_read_only(con, store)
     try:
         if args.query is not None:
             print(_run_query(con, args.query, args.max_rows, unsafe=args.unsafe))

@@ -1,10 +1,17 @@
-"""``specsweep status OUT``: where a sweep stands, read from its queue (safe while the sweep runs)."""
+"""``specsweep status OUT``: where a sweep stands, read from its queue (safe while the sweep runs).
+
+For an object-store OUT the queue is the driver's, in its state directory on this host
+(``harness.state``); on any other host (or once that directory is gone) it is the copy the driver
+publishes into the bucket every few seconds and at its end (``OUT/queue.sqlite``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,21 +32,34 @@ from harness.search.session import BELIEF_KEY
 from specsweep.errors import ResultsError
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        conn = open_read_only(args.out)
-    except FileNotFoundError:
+@contextmanager
+def _queue_dir(args: argparse.Namespace) -> Iterator[tuple[Path, str | None]]:
+    """The directory holding the sweep's queue, and a note when it is the bucket's published copy."""
+    from analysis import layout
+    from analysis.store import open_store
+    from harness.state import state_dir
+
+    store = open_store(args.out)
+    state = state_dir(store, args.state_dir)
+    if store.local_dir is not None or (state / QUEUE_FILE).is_file():
+        yield state, None
+        return
+    store.check(write=False)
+    data = store.read_bytes(layout.QUEUE_SNAPSHOT)
+    if data is None:
         raise ResultsError(
-            "no sweep queue here (queue.sqlite)",
-            where=args.out,
-            fix="pass the --out directory of a `specsweep run`",
-        ) from None
-    try:
-        with readable_queue(Path(args.out) / QUEUE_FILE):
-            counts, jobs, meta = read_counts(conn), read_jobs(conn), read_meta(conn)
-            attempts = read_attempts(conn)
-    finally:
-        conn.close()
+            f"no sweep queue: none in the state directory {state} and no published copy in the bucket",
+            where=store.describe(layout.QUEUE_SNAPSHOT),
+            fix="pass the --out of a `specsweep run` (and its --state-dir, if it had one)",
+        )
+    with tempfile.TemporaryDirectory(prefix="specsweep-status-") as tmp:
+        (Path(tmp) / QUEUE_FILE).write_bytes(data)
+        yield Path(tmp), f"the driver's published copy of its queue ({store.describe(layout.QUEUE_SNAPSHOT)})"
+
+
+def run(args: argparse.Namespace) -> int:
+    with _queue_dir(args) as (folder, note):
+        counts, jobs, meta, attempts = _read_queue(folder, args.out)
     hours = node_hours(attempts)
     search = json.loads(meta[BELIEF_KEY]) if BELIEF_KEY in meta else None
     if args.json:
@@ -50,14 +70,35 @@ def run(args: argparse.Namespace) -> int:
             "search": search,
             "jobs": [asdict(j) for j in jobs],
             "attempts": [asdict(a) for a in attempts],
+            "queue_copy": note,
         }
         print(json.dumps(body, indent=2))
         return 0
+    if note is not None:
+        print(f"from {note}")
     _print(meta.get("sweep_id"), counts, jobs, attempts)
     print(f"node-hours spent: {hours:.3f} (every attempt, lease to answer: server startup included)")
     if search is not None:
         _print_search(search)
     return 0
+
+
+def _read_queue(
+    folder: Path, where: str
+) -> tuple[dict[str, int], list[JobRow], dict[str, str], list[AttemptRow]]:
+    try:
+        conn = open_read_only(folder)
+    except FileNotFoundError:
+        raise ResultsError(
+            "no sweep queue here (queue.sqlite)",
+            where=where,
+            fix="pass the --out directory of a `specsweep run`",
+        ) from None
+    try:
+        with readable_queue(folder / QUEUE_FILE):
+            return read_counts(conn), read_jobs(conn), read_meta(conn), read_attempts(conn)
+    finally:
+        conn.close()
 
 
 def node_hours(attempts: list[AttemptRow]) -> float:
@@ -106,7 +147,14 @@ def _print(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out", metavar="OUT", help="the sweep's results directory")
+    parser.add_argument(
+        "out", metavar="OUT", help="the sweep's output: a directory, or the s3:// or gs:// URI it ran with"
+    )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="object-store OUT: the driver's state directory, when `run` was given one (docs/cluster.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from analysis import layout
+from analysis.store import ResultStore, as_store
 from harness.plan import Plan
 from harness.queue import JobQueue
 from harness.search.model import Candidate, LevelResult, Observation
@@ -43,14 +44,14 @@ def candidates_of(plan: Plan) -> tuple[Candidate, ...]:
     return tuple(seen.values())
 
 
-def read_levels(out: Path, sweep_id: str, job_id: str) -> tuple[LevelResult, ...]:
+def read_levels(store: ResultStore, sweep_id: str, job_id: str) -> tuple[LevelResult, ...]:
     """The closed-loop levels one committed job measured (its ``levels`` file)."""
-    import pyarrow.parquet as pq
-
-    path = layout.job_part_path(out, "levels", sweep_id, job_id)
-    if not path.is_file():
+    table = store.read_table(
+        layout.job_part_path(layout.ROOT, "levels", sweep_id, job_id), columns=list(LEVEL_COLUMNS)
+    )
+    if table is None:
         return ()
-    rows = pq.read_table(path, columns=list(LEVEL_COLUMNS)).to_pylist()
+    rows = table.to_pylist()
     return tuple(
         LevelResult(
             level=row["load_level"],
@@ -66,10 +67,10 @@ def read_levels(out: Path, sweep_id: str, job_id: str) -> tuple[LevelResult, ...
 class SearchSession:
     """The driver's handle on the search: reads what happened, asks the strategy, queues its answer."""
 
-    def __init__(self, spec: SweepSpec, plan: Plan, out: Path) -> None:
+    def __init__(self, spec: SweepSpec, plan: Plan, out: ResultStore | Path) -> None:
         self.spec = spec
         self.sweep_id = plan.sweep_id
-        self.out = out
+        self.out = as_store(out)
         self.candidates = candidates_of(plan)
         self.jobs = {(job.config_id, job.repeat_index): job for job in plan.jobs}
         self.levels = tuple((f"concurrency={c}", c) for c in spec.load.concurrency)

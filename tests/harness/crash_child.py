@@ -1,8 +1,9 @@
 """The child process of the crash-window tests (tests/harness/test_crash_windows.py).
 
-``python -m tests.harness.crash_child OUT SCENARIO RETRIES`` leases the next pending job of the sweep in
-OUT and settles one attempt of it through the driver's own code (harness.settle), as the driver does
-with a worker's answer. The parent sets SPECSWEEP_CRASH_AT so that this process dies (os._exit, as by
+``python -m tests.harness.crash_child OUT STATE SCENARIO RETRIES`` leases the next pending job of the
+sweep in OUT (a directory or an object-store URI; STATE: the driver's state directory, OUT itself for a
+directory) and settles one attempt of it through the driver's own code (harness.settle), as the driver
+does with a worker's answer. The parent sets SPECSWEEP_CRASH_AT so that this process dies (os._exit, as by
 kill -9) right after one rename or one queue transition.
 """
 
@@ -16,6 +17,7 @@ from analysis import layout
 from analysis.schema import jobs_table, levels_table, requests_table, write_parquet_atomic
 from harness.driver import lost_attempt
 from harness.queue import JobQueue, Lease
+from harness.results import Output, output_for
 from harness.settle import Failure, settle_failure, settle_success
 from specsweep.error_classes import ErrorClass
 from workers.job import AttemptResult, JobSpec
@@ -30,9 +32,9 @@ SCENARIOS: dict[str, tuple[ErrorClass | None, bool]] = {
 }
 
 
-def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: ErrorClass | None) -> AttemptResult:
-    """What a worker leaves for one attempt: its files under _attempts/ (all three tables on success,
-    only the jobs row on failure) and the result that names them."""
+def worker_answer(state: Path, job: JobSpec, lease: Lease, error_class: ErrorClass | None) -> AttemptResult:
+    """What a worker leaves for one attempt: its files under the state's _attempts/ (all three tables on
+    success, only the jobs row on failure) and the result that names them."""
     record = job_record(
         job,
         attempt=lease.attempt,
@@ -45,7 +47,7 @@ def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: ErrorClass
         tables |= {"requests": requests_table([]), "levels": levels_table([])}
     files: dict[str, bytes] = {}
     for table, data in tables.items():
-        path = layout.attempt_path(out, job.job_id, lease.attempt, table)
+        path = layout.attempt_path(state, job.job_id, lease.attempt, table)
         write_parquet_atomic(data, path)
         files[table] = path.read_bytes()
     return AttemptResult(
@@ -61,14 +63,14 @@ def worker_answer(out: Path, job: JobSpec, lease: Lease, error_class: ErrorClass
     )
 
 
-def run_attempt(out: Path, queue: JobQueue, scenario: str, retries: int) -> str | None:
+def run_attempt(out: Output, queue: JobQueue, scenario: str, retries: int) -> str | None:
     """Lease the next pending job and settle one attempt of it; the job's new state (None: none left)."""
     lease = queue.lease(0, other_slots=False)
     if lease is None:
         return None
     job = JobSpec.model_validate_json(lease.payload)
     error_class, answered = SCENARIOS[scenario]
-    result = worker_answer(out, job, lease, error_class) if answered else None
+    result = worker_answer(out.state, job, lease, error_class) if answered else None
     if error_class is None:
         assert result is not None
         settle_success(out, queue, job, lease, result)
@@ -84,8 +86,8 @@ def run_attempt(out: Path, queue: JobQueue, scenario: str, retries: int) -> str 
 
 
 def main(argv: list[str]) -> int:
-    out, scenario, retries = Path(argv[0]), argv[1], int(argv[2])
-    queue = JobQueue(out)
+    out, scenario, retries = output_for(argv[0], argv[1]), argv[2], int(argv[3])
+    queue = JobQueue(out.state)
     try:
         run_attempt(out, queue, scenario, retries)
     finally:
