@@ -270,12 +270,23 @@ def readable_results(out: Location) -> Iterator[None]:
     try:
         yield
     except (duckdb.IOException, duckdb.InvalidInputException) as err:
-        first = str(err).strip().splitlines()[0]
-        raise ResultsError(
-            f"cannot read the results: {first}",
-            where=out.location if isinstance(out, ResultStore) else str(out),
-            fix="a result file is damaged: restore that file from a copy (the other files are intact)",
-        ) from None
+        raise damaged_results(err, out.location if isinstance(out, ResultStore) else str(out)) from None
+
+
+def damaged_results(err: Exception, where: str) -> ResultsError:
+    """The one-line error for a result file DuckDB (or pyarrow, for an object store) could not read."""
+    first = str(err).strip().splitlines()[0]
+    return ResultsError(
+        f"cannot read the results: {first}",
+        where=where,
+        fix="a result file is damaged: restore that file from a copy (the other files are intact)",
+    )
+
+
+def is_damaged_object(err: Exception) -> bool:
+    """True when a query failed because a dataset ``connect`` registered over an object store could not
+    read one of its files (they are read at query time there, not when the views are made)."""
+    return "reading the stream registered as '_" in str(err)
 
 
 # What a read-only connection may run: queries (SELECT, FROM, WITH, DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN.

@@ -64,18 +64,19 @@ def run(args: argparse.Namespace) -> int:
         make_read_only(con, store)
     try:
         if args.query is not None:
-            print(_run_query(con, args.query, args.max_rows, unsafe=args.unsafe))
+            print(_run_query(con, args.query, args.max_rows, unsafe=args.unsafe, where=store.location))
             return 0
-        return _shell(con, args.max_rows, unsafe=args.unsafe)
+        return _shell(con, args.max_rows, unsafe=args.unsafe, where=store.location)
     finally:
         con.close()
 
 
-def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool) -> str:
-    """The query's result as a text table; a bad query is a user error, not a traceback."""
+def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool, where: str) -> str:
+    """The query's result as a text table; a bad query is a user error, not a traceback, and so is a
+    damaged result object (``where``: OUT)."""
     import duckdb
 
-    from analysis.views import check_read_only
+    from analysis.views import check_read_only, damaged_results, is_damaged_object
 
     try:
         if not unsafe:
@@ -91,6 +92,8 @@ def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, uns
             fix="`specsweep sql` reads only the results' views; pass --unsafe for a full DuckDB",
         ) from None
     except duckdb.Error as err:
+        if is_damaged_object(err):
+            raise damaged_results(err, where) from None
         raise ResultsError(
             f"query failed: {err}",
             where="QUERY",
@@ -121,7 +124,7 @@ def _cell(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool) -> int:
+def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool, where: str) -> int:
     """Read ';'-terminated queries from stdin until EOF; a failed query prints its error and goes on."""
     interactive = sys.stdin.isatty()
     if interactive:
@@ -140,7 +143,7 @@ def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool) -> in
             query = "".join(buffer).strip().rstrip(";")
             buffer.clear()
             try:
-                print(_run_query(con, query, max_rows, unsafe=unsafe))
+                print(_run_query(con, query, max_rows, unsafe=unsafe, where=where))
             except ResultsError as err:
                 print(f"error: {err.problem}", file=sys.stderr)
                 status = 2

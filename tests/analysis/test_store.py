@@ -240,3 +240,17 @@ def test_readers_refuse_in_one_line_when_the_bucket_holds_no_results(
         assert "Traceback" not in err and err.startswith(f"specsweep {argv[0]}: error:"), err
     with pytest.raises(ResultsError, match="holds no sweep results"):
         connect(open_store(empty))
+
+
+@pytest.mark.parametrize("command", ["best", "sql"])
+def test_readers_name_the_object_when_a_result_object_is_truncated(
+    command: str, bucket_copy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated levels object in the bucket: one line naming it and saying it is damaged, exit 2."""
+    store = open_store(bucket_copy)
+    damaged = next(k for k in store.list_files("levels") if k.endswith(layout.PART))
+    store.write_bytes(damaged, (store.read_bytes(damaged) or b"")[:100])
+    argv = {"best": ["best", bucket_copy], "sql": ["sql", bucket_copy, "SELECT count(*) FROM levels"]}
+    assert main(argv[command]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "damaged" in err and damaged in err, err

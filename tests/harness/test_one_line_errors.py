@@ -15,6 +15,7 @@ from harness.commands.run import resume_command
 from harness.queue import QUEUE_FILE, JobQueue
 from harness.results import claim_output_dir
 from specsweep.errors import ResultsError
+from tests.object_store import S3Server, free_port
 
 SPEC = {
     "engine": "sim",
@@ -70,6 +71,42 @@ def test_run_refuses_the_output_path_before_ray_when_it_cannot_hold_results(
     one_line_error(capsys, str(out), "--out")
 
 
+@pytest.mark.parametrize("case", ["scheme", "query", "unreachable", "no_bucket", "no_credentials"])
+def test_run_refuses_an_object_store_out_before_ray_when_it_cannot_be_used(
+    case: str,
+    s3: S3Server,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bad URI, an endpoint where nothing listens, a missing bucket or no credentials: one line naming
+    the problem, exit 2, before Ray starts and before any state directory is made."""
+    import ray
+
+    monkeypatch.setenv("SPECSWEEP_STATE_DIR", str(tmp_path / "state"))
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    bucket = s3.new_bucket()
+    uri, needle = {
+        "scheme": (f"s5://{bucket}/p", "unsupported output location scheme"),
+        "query": (f"s3://{bucket}/p?endpoint_url=x", "unknown URI option(s) endpoint_url"),
+        "unreachable": (
+            f"s3://{bucket}/p?endpoint_override=127.0.0.1:{free_port()}&scheme=http",
+            "cannot reach the object store",
+        ),
+        "no_bucket": (f"s3://{bucket}-missing/p", "does not exist"),
+        "no_credentials": (f"s3://{bucket}/p", "no AWS credentials found"),
+    }[case]
+    if case == "no_credentials":
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["run", str(spec), "--no-validate", "--out", uri, "--ray-address", "local"]) == 2
+    err = one_line_error(capsys, needle, "fix:")
+    assert len(err.strip().splitlines()) == 2, err  # the problem, then its fix
+    assert not ray.is_initialized() and not (tmp_path / "state").exists()
+
+
 def test_report_refuses_a_directory_target_before_the_work_when_o_is_a_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -109,7 +146,7 @@ def test_claim_refuses_to_overwrite_results_when_the_queue_was_deleted(tmp_path:
 def test_resume_hint_keeps_the_ray_address_when_one_was_given(address: str, tail: str) -> None:
     """The printed resume command repeats --ray-address (a plain resume of a local run would look for a
     cluster and fail)."""
-    args = argparse.Namespace(spec="my sweep.yaml", ray_address=address)
+    args = argparse.Namespace(spec="my sweep.yaml", ray_address=address, state_dir=None)
     hint = resume_command(args, Path("out dir"))
     assert hint == f"specsweep run 'my sweep.yaml' --out 'out dir' --resume{tail}"
 
