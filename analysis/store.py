@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property, partial
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
@@ -73,11 +74,17 @@ class ResultStore:
     """A sweep's results location. Keys are '/'-separated paths relative to the location's root."""
 
     location: str  # as the user wrote it, less any query (for messages and the state-dir key)
-    fs: pafs.FileSystem
     root: str  # the root in ``fs``: an absolute directory, or "bucket/prefix"
     local_dir: Path | None  # the directory when the location is local
+    connect: Callable[[], pafs.FileSystem]  # builds ``fs`` at its first use (which may ask the network)
     endpoint: str | None = None  # the object store's endpoint when overridden (for messages)
     anonymous: bool = False  # unsigned requests (?anonymous=true)
+
+    @cached_property
+    def fs(self) -> pafs.FileSystem:
+        """The pyarrow filesystem, built on first use: opening a store sends no request."""
+        with self._errors("connecting"):
+            return self.connect()
 
     @property
     def is_local(self) -> bool:
@@ -340,13 +347,13 @@ def open_store(location: str | os.PathLike[str]) -> ResultStore:
 
     if not is_uri(location):
         path = Path(location)
-        return ResultStore(str(location), pafs.LocalFileSystem(), str(path.absolute()), path)
+        return ResultStore(str(location), str(path.absolute()), path, pafs.LocalFileSystem)
     text = str(location)
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme == "file":
         path = Path(parts.path)
-        return ResultStore(str(path), pafs.LocalFileSystem(), str(path.absolute()), path)
+        return ResultStore(str(path), str(path.absolute()), path, pafs.LocalFileSystem)
     family = "s3" if scheme in S3_SCHEMES else "gs" if scheme in GCS_SCHEMES else None
     if family is None:
         raise StoreError(
@@ -366,8 +373,13 @@ def open_store(location: str | os.PathLike[str]) -> ResultStore:
     bare = f"{scheme}://{bucket}" + (f"/{prefix}" if prefix else "")
     root = f"{bucket}/{prefix}" if prefix else bucket
     anonymous = query.get("anonymous", "false").lower() == "true"
-    fs, endpoint = _s3(query, bucket, anonymous) if family == "s3" else _gcs(query, anonymous)
-    return ResultStore(bare, fs, root, None, endpoint, anonymous)
+    if family == "s3":
+        endpoint, http = _endpoint(query, ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"))
+        connect = partial(_s3, query, bucket, endpoint, http, anonymous)
+    else:
+        endpoint, http = _endpoint(query, ())
+        connect = partial(_gcs, query, endpoint, http, anonymous)
+    return ResultStore(bare, root, None, connect, endpoint, anonymous)
 
 
 def _query(text: str, family: str, where: str) -> dict[str, str]:
@@ -402,19 +414,20 @@ def _endpoint(query: dict[str, str], env_names: tuple[str, ...]) -> tuple[str | 
     return raw, query.get("scheme")
 
 
-def _s3(query: dict[str, str], bucket: str, anonymous: bool) -> tuple[pafs.FileSystem, str | None]:
+def _s3(
+    query: dict[str, str], bucket: str, endpoint: str | None, scheme: str | None, anonymous: bool
+) -> pafs.FileSystem:
     """An S3FileSystem with bounded timeouts and retries. Against AWS itself (no endpoint override) a
     bucket's region, when none is given, is asked of AWS (one HEAD request)."""
     import pyarrow.fs as pafs
 
-    endpoint, scheme = _endpoint(query, ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"))
     region = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if not region and endpoint is None:
         try:
             region = pafs.resolve_s3_region(bucket)
         except OSError:
             region = None  # the first real request reports the problem (no bucket, no network)
-    fs = pafs.S3FileSystem(
+    return pafs.S3FileSystem(
         anonymous=anonymous,
         region=region or "us-east-1",
         endpoint_override=endpoint,
@@ -423,18 +436,16 @@ def _s3(query: dict[str, str], bucket: str, anonymous: bool) -> tuple[pafs.FileS
         request_timeout=REQUEST_TIMEOUT_S,
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=RETRY_ATTEMPTS),
     )
-    return fs, endpoint
 
 
-def _gcs(query: dict[str, str], anonymous: bool) -> tuple[pafs.FileSystem, str | None]:
+def _gcs(query: dict[str, str], endpoint: str | None, scheme: str | None, anonymous: bool) -> pafs.FileSystem:
+    """A GcsFileSystem whose retries of a failing request stop after GCS_RETRY_LIMIT_S."""
     import pyarrow.fs as pafs
 
-    endpoint, scheme = _endpoint(query, ())
-    fs = pafs.GcsFileSystem(
+    return pafs.GcsFileSystem(
         anonymous=anonymous,
         endpoint_override=endpoint,
         scheme=scheme or "https",
         project_id=query.get("project_id"),
         retry_time_limit=timedelta(seconds=GCS_RETRY_LIMIT_S),
     )
-    return fs, endpoint

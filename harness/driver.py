@@ -47,7 +47,7 @@ from harness.search.session import SearchSession
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
 from specsweep.error_classes import ErrorClass
-from specsweep.errors import ClusterError
+from specsweep.errors import ClusterError, StoreError
 from workers.job import AttemptResult, JobSpec
 from workers.node.actor import NodeWorker
 from workers.node.records import AttemptFacts, job_record
@@ -326,8 +326,11 @@ class Driver:
         """Every QUEUE_PUBLISH_S, a copy of the queue for ``status`` on an object store (run_sweep
         publishes the last one)."""
         if now - self._published_at >= QUEUE_PUBLISH_S:
-            publish_queue(self.out, self.queue)
             self._published_at = now
+            try:
+                publish_queue(self.out, self.queue)
+            except StoreError as err:  # only `status` elsewhere reads it: the sweep goes on
+                self.progress.event(f"queue copy not published: {err.problem}")
 
     def _dispatch(self) -> None:
         alive = sum(1 for s in self.slots if s.state in ("idle", "busy"))

@@ -3,8 +3,8 @@ state, and how a resume settles what a dead driver left behind.
 
 Files first, queue second: an attempt's ``requests`` and ``levels`` files are renamed into place, then
 its ``jobs`` row (the commit marker, also written for a final failure), and only then does the queue
-record the outcome. A driver can die after any of those steps, so a resume reads the disk for every job
-it finds leased:
+record the outcome. A driver can die after any of those steps, so a resume reads the committed files
+(in a local OUT or an object store: the same keys, analysis.store) for every job it finds leased:
 
 ======================================  ============================================================
 what the dead driver left               what the resume does

@@ -421,6 +421,17 @@ def _wait_done(out: Path, at_least: int, timeout_s: float, log: Path) -> None:
     raise AssertionError(f"fewer than {at_least} jobs done within {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
+def kill_driver_when_done(cmd: list[str], env: dict[str, str], state: Path, at_least: int, log: Path) -> None:
+    """Run a driver, SIGKILL it once its queue (in ``state``) shows ``at_least`` jobs done."""
+    with open(log, "wb") as log_file:
+        driver = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        _wait_done(state, at_least, timeout_s=180, log=log)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+
 def _driver_cmd(spec_file: Path, cluster: Any, *extra: str) -> list[str]:
     return [
         sys.executable,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,9 @@ from harness.spec import parse_spec
 from tests.harness.test_driver import (  # the module's cluster, models and driver helpers
     REPO,
     _driver_cmd,
-    _wait_done,
     cluster,
     env_dirs,
+    kill_driver_when_done,
     make_spec,
     models,
     queue_state,
@@ -95,20 +94,8 @@ def test_driver_writes_a_bucket_exactly_once_when_killed_and_resumed(
     spec_file = tmp_path / "sweep.yaml"
     spec_file.write_text(yaml.safe_dump(sweep_spec(models, uri)))
     env = {**os.environ, **s3.env()}
-    log = tmp_path / "first-driver.log"
-    with open(log, "wb") as log_file:
-        first = subprocess.Popen(
-            _driver_cmd(spec_file, cluster, "--state-dir", str(state)),
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_done(state, 2, timeout_s=180, log=log)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait()
+    first = _driver_cmd(spec_file, cluster, "--state-dir", str(state))
+    kill_driver_when_done(first, env, state, 2, tmp_path / "first-driver.log")
     store = open_store(uri)
     sweep_id = parse_spec(sweep_spec(models, uri)).sweep_id()
     _, jobs_before, _ = queue_state(state)
