@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp import web
 
 from tests.launch_args import chain_launch_args
@@ -25,7 +26,7 @@ from workers.node.launcher import start_sim
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CONVERSATIONS = [
     {"question_id": i, "category": "coding", "turns": [f"Write function {i}.", f"Test function {i}.", "Shorter."]}
-    for i in range(4)
+    for i in range(8)
 ]  # fmt: skip
 
 
@@ -115,16 +116,19 @@ def check_replayed(server: RecordingChatServer) -> dict[str, list[int]]:
     return turns
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 def test_closed_loop_replays_each_turn_with_the_servers_reply_when_conversations_have_turns(
-    tmp_path: Path,
+    processes: int, tmp_path: Path
 ) -> None:
     """Closed loop, 2 streams, 7 requests of 3-turn conversations: turn k carries the exact streamed text
     of turn k-1 (chunks joined, newline and accents intact); a conversation's turns go in order on one
     stream, each after the one before ended; the last conversation is cut at the level's count; rows
-    have turn numbers and distinct request ids."""
+    have turn numbers and distinct request ids. Alike when two client processes share the level (each
+    cuts its own share)."""
     workload = PromptSetWorkload(path=str(mt_bench_file(tmp_path)), format="mt_bench", max_tokens=16)
     with RecordingChatServer().running() as server:
-        result = run_load(server.url, LoadLevel(concurrency=2, requests=7), workload, calibration_streams=2)
+        level = LoadLevel(concurrency=2, requests=7, processes=processes)
+        result = run_load(server.url, level, workload, calibration_streams=2)
     assert result.num_errors == 0 and len(result.records) == 7 == len(server.bodies)
     turns = check_replayed(server)
     assert sorted(turns.values()) == [[0], [0, 1, 2], [0, 1, 2]]

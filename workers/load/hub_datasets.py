@@ -139,10 +139,8 @@ def _cached_snapshot(
     repo_id: str, revision: str, cache_dir: str | None, offline: bool, patterns: tuple[str, ...] | None
 ) -> Path:
     """Resolved once per process, so every level of a job reads the same commit of a moving branch."""
-    from huggingface_hub import errors, snapshot_download
+    from huggingface_hub import snapshot_download
 
-    label = f"{repo_id}@{revision}"
-    cache = cache_dir or "the default hub cache (HF_HUB_CACHE)"
     try:
         return Path(
             snapshot_download(
@@ -155,45 +153,70 @@ def _cached_snapshot(
                 endpoint=os.environ.get("HF_ENDPOINT"),
             )
         )
-    except errors.IncompleteSnapshotError as err:
-        raise WorkloadError(
-            f"Hugging Face dataset {label} is only partly in {cache} and the Hub cannot be reached: {err}",
-            where="load.workload.hf",
-            fix="complete the download where there is internet and copy the cache again",
-        ) from None
-    except errors.LocalEntryNotFoundError:
-        reason = "offline mode is on" if offline else "the Hub cannot be reached"
-        raise WorkloadError(
+    except (OSError, ValueError) as err:  # its errors are OSError (HTTP, not cached) or ValueError (bad id)
+        raise _hub_error(err, repo_id, revision, cache_dir, offline) from None
+
+
+def _hub_error(
+    err: Exception, repo_id: str, revision: str, cache_dir: str | None, offline: bool
+) -> WorkloadError:
+    """Why huggingface_hub could not give the snapshot, as one error naming the dataset, field and fix."""
+    from huggingface_hub import errors
+
+    label = f"{repo_id}@{revision}"
+    cache = cache_dir or "the default hub cache (HF_HUB_CACHE)"
+    reason = "offline mode is on" if offline else "the Hub cannot be reached"
+    copy = (
+        f"where there is internet run `hf download {repo_id} --repo-type dataset --revision {revision} "
+        "--cache-dir DIR`, copy DIR to the nodes and set hf.cache_dir to it (or point hf.mirror at a local "
+        "copy); check the id and revision"
+    )
+    cases: list[tuple[type[Exception], str, str, str]] = [  # the first that matches; subclasses first
+        (
+            errors.IncompleteSnapshotError,
+            f"Hugging Face dataset {label} is only partly in {cache} and {reason}",
+            "hf",
+            copy,
+        ),
+        (
+            errors.LocalEntryNotFoundError,
             f"Hugging Face dataset {label} is not in {cache} and {reason}",
-            where="load.workload.hf",
-            fix=f"where there is internet run `hf download {repo_id} --repo-type dataset --revision "
-            f"{revision} --cache-dir DIR`, copy DIR to the nodes and set hf.cache_dir to it (or point "
-            "hf.mirror at a local copy); check the id and revision",
-        ) from None
-    except errors.RevisionNotFoundError:
-        raise WorkloadError(
+            "hf",
+            copy,
+        ),
+        (
+            errors.RevisionNotFoundError,
             f"Hugging Face dataset {repo_id} has no revision {revision!r}",
-            where="load.workload.hf.revision",
-            fix="use a branch, tag or commit sha of the dataset repo",
-        ) from None
-    except errors.RepositoryNotFoundError:  # also gated and private repos without a token
-        raise WorkloadError(
+            "hf.revision",
+            "use a branch, tag or commit sha of the dataset repo",
+        ),
+        (  # also gated and private repos without a token
+            errors.RepositoryNotFoundError,
             f"no Hugging Face dataset {repo_id!r} can be read (unknown, private, or gated without a token)",
-            where="load.workload.hf.id",
-            fix="check the id (owner/name); for a gated or private set accept its terms and set HF_TOKEN",
-        ) from None
-    except errors.HfHubHTTPError as err:
-        raise WorkloadError(
+            "hf.id",
+            "check the id (owner/name); for a gated or private set accept its terms and set HF_TOKEN",
+        ),
+        (
+            errors.HfHubHTTPError,
             f"the Hub refused Hugging Face dataset {label}: {_first_line(err)}",
-            where="load.workload.hf",
-            fix="retry later, or read a copy: hf.cache_dir or hf.mirror",
-        ) from None
-    except ValueError as err:  # huggingface_hub's HFValidationError: not a repo id
-        raise WorkloadError(
-            f"{repo_id!r} is not a Hugging Face dataset id: {err}",
-            where="load.workload.hf.id",
-            fix="write it as owner/name",
-        ) from None
+            "hf",
+            "retry later, or read a copy: hf.cache_dir or hf.mirror",
+        ),
+        (
+            OSError,
+            f"cannot use the hub cache {cache} for Hugging Face dataset {label}: {_first_line(err)}",
+            "hf.cache_dir",
+            "point hf.cache_dir (or HF_HUB_CACHE) at a directory this process can read and write",
+        ),
+        (  # HFValidationError
+            ValueError,
+            f"{repo_id!r} is not a Hugging Face dataset id: {_first_line(err)}",
+            "hf.id",
+            "write it as owner/name",
+        ),
+    ]
+    problem, field, fix = next((p, w, f) for kind, p, w, f in cases if isinstance(err, kind))
+    return WorkloadError(problem, where=f"load.workload.{field}", fix=fix)
 
 
 def _split_files(directory: Path, source: HubDataset) -> list[Path]:
@@ -208,7 +231,7 @@ def _split_files(directory: Path, source: HubDataset) -> list[Path]:
                 data_files=list(source.data_files) if source.data_files else None,
                 cache_dir=scratch,
             )
-    except (ValueError, FileNotFoundError, RuntimeError) as err:  # unknown config, no data files, a script
+    except (ValueError, OSError, RuntimeError) as err:  # unknown config, no data files, a dataset script
         raise WorkloadError(
             f"Hugging Face dataset {source.label} cannot be read: {_first_line(err)}",
             where="load.workload.hf",
