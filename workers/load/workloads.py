@@ -173,12 +173,13 @@ class PromptSetWorkload(_Strict):
     columns: Columns = Field(default_factory=Columns, description="Which columns hold what.")
     format: Literal["table", "mt_bench", "spec_bench", "humaneval", "gsm8k", "sharegpt"] = Field(
         default="table",
-        description="table: the columns mapping; or a named preset reading that set's upstream file as "
-        "published (see docs/workloads.md), which fixes the columns and the category.",
+        description="table: the columns mapping; or a named preset reading that set's upstream file or its "
+        "Hugging Face dataset as published (see docs/workloads.md), which fixes the columns and the category.",
     )
     dataset: str | None = Field(
         default=None,
-        description="Name of the set recorded in each row; null = the format's name, else the file's stem.",
+        description="Name of the set recorded in each row; null = the format's name, else the Hub id's name "
+        "or the file's stem.",
     )
     mix: dict[str, float] | None = Field(
         default=None,
@@ -224,7 +225,8 @@ class PromptSetWorkload(_Strict):
 
     @property
     def _where(self) -> str:
-        return self.path if self.path is not None else f"Hugging Face dataset {self.hf and self.hf.label}"
+        """How errors name the set: its file, or its Hub dataset."""
+        return f"Hugging Face dataset {self.hf.label}" if self.hf is not None else str(self.path)
 
     def data_files(self) -> list[Path]:
         """The local files of the set (for a Hub dataset: found in the cache or mirror, or downloaded);
@@ -270,10 +272,6 @@ class PromptSetWorkload(_Strict):
                     f"or check columns.category ({self.columns.category})",
                 )
         return prompts
-
-    def request_from(self, prompts: list[Prompt], index: int) -> PreparedRequest:
-        """Request number ``index`` over already loaded ``prompts``: the same for the same seed."""
-        return self._first_turn(prompts[index % len(prompts)], index, None)
 
     def requests(self, indices: Iterator[int], limit: int | None = None) -> Iterator[PreparedRequest]:
         """The first turns of the conversations for ``indices`` (the set read once, the mix's pools built
