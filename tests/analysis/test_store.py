@@ -143,8 +143,9 @@ def test_store_check_says_credentials_were_refused_when_key_is_unknown(
 
 
 def test_connect_shows_a_job_only_once_its_commit_object_exists_when_s3(s3: S3Server, tmp_path: Path) -> None:
-    """Data objects published before their ``jobs`` commit are invisible to every view; once the commit
-    is written the job's rows appear whole."""
+    """Data objects published before their ``jobs`` commit are invisible to every view, and are never
+    opened: removing them under a live connection (as a resume drops an uncommitted attempt's files)
+    breaks no query. Once the commit is written the job's rows appear whole."""
     store = open_store(f"s3://{s3.new_bucket()}/p")
     write_sweep(
         tmp_path, SyntheticSweep(configs=CONFIGS[:2], concurrencies=(1,), requests_per_level=20, seed=1)
@@ -160,6 +161,13 @@ def test_connect_shows_a_job_only_once_its_commit_object_exists_when_s3(s3: S3Se
     for view in ("requests", "levels", "server_metrics", "results"):
         assert con.sql(f"SELECT count(*) FROM {view} WHERE job_id = '{job_id}'").fetchall() == [(0,)], view
     assert con.sql("SELECT count(*) FROM jobs").fetchall() == [(len(commits) - 1,)]
+    uncommitted = [k for k in keys if f"/job={job_id}/" in k and k != held_back]
+    for key in uncommitted:
+        store.delete(key)
+    assert con.sql("SELECT count(*) FROM requests").fetchall()[0][0] > 0
+    assert con.sql("SELECT count(*) FROM levels").fetchall()[0][0] > 0
+    for key in uncommitted:
+        store.write_bytes(key, (tmp_path / key).read_bytes())
     store.write_bytes(held_back, (tmp_path / held_back).read_bytes())
     con, local = connect(store), connect(tmp_path)
     query = f"SELECT count(*) FROM requests WHERE job_id = '{job_id}'"
