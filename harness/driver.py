@@ -8,7 +8,9 @@ holds, so a late answer of a job that was handed elsewhere is ignored. A worker 
 (``RayActorError``) loses its lease; the job is requeued and the actor replaced (its placement group
 comes back when a node can hold it). SIGINT/SIGTERM stop the servers, release the leases and exit;
 ``--resume`` continues from the queue. A named Ray actor (plus a file lock) keeps a second driver off
-the same sweep.
+the same sweep. The output may be an object store (``harness.results.Output``): the queue then lives
+in a local state directory, and the driver marks each attempt it hands out and publishes a copy of its
+queue into the bucket every few seconds, for ``best`` and ``status`` on other hosts.
 """
 
 from __future__ import annotations

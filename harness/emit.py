@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from analysis.deploy import config_shapes, level_concurrency, plan_deployment
-from harness.results import write_atomic
+from analysis.store import write_local_atomic
 from harness.spec import SweepSpec, parse_spec
 from specsweep.errors import ResultsError
 from workers.sglang import deploy as sglang_deploy
@@ -82,7 +82,7 @@ def emit(
         schedule = deployment.adaptive.steps_by_batch_size
         config_path = dest.resolve() / "adaptive.json"
         config = sglang_deploy.adaptive_config(schedule)
-        write_atomic(config_path, (json.dumps(config, indent=2) + "\n").encode())
+        write_local_atomic(config_path, (json.dumps(config, indent=2) + "\n").encode())
         adaptive_args = sglang_deploy.adaptive_args(
             portable(deployment.adaptive.chain_label), schedule, str(config_path)
         )
@@ -93,8 +93,8 @@ def emit(
             "validation": check(adaptive_args, config_path),
         }
     chosen = result[deployment.recommended]["argv"]
-    write_atomic(dest / "launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
-    write_atomic(dest / "deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
+    write_local_atomic(dest / "launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
+    write_local_atomic(dest / "deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
     return result
 
 

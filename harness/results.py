@@ -30,8 +30,6 @@ from specsweep.crash_points import crash_point
 from specsweep.errors import ResultsError
 from workers.job import AttemptResult
 
-write_atomic = write_local_atomic  # what the other writers of local files (emit) use
-
 
 @dataclass(frozen=True)
 class Output:
@@ -61,7 +59,7 @@ def check_output_dir(out: Path) -> None:
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / ".write-check", b"")
+        write_local_atomic(out / ".write-check", b"")
         (out / ".write-check").unlink()
     except OSError as err:
         raise ResultsError(

@@ -262,3 +262,19 @@ def test_readers_name_the_object_when_a_result_object_is_truncated(
     assert main(argv[command]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "damaged" in err and damaged in err, err
+
+
+def test_best_refuses_an_unfinished_sweep_when_a_leased_attempt_has_no_commit_in_the_bucket(
+    bucket_copy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver's leased mark of an attempt that has not committed makes the sweep unfinished, as a
+    worker's attempt directory does locally: `best` refuses, `--allow-partial` ranks the committed."""
+    store = open_store(bucket_copy)
+    store.write_bytes(layout.leased_mark("f00dfeedf00dfeed", 1), b"")
+    assert main(["best", bucket_copy]) == 2
+    assert (
+        "sweep is not finished: 1 job(s) started but not committed (f00dfeedf00dfeed)"
+        in capsys.readouterr().err
+    )
+    assert main(["best", bucket_copy, "--allow-partial", "--bootstrap", "200"]) == 0
+    assert "ranking covers committed jobs only" in capsys.readouterr().out
