@@ -2,7 +2,8 @@
 
 The connection is in-memory and only reads the committed Parquet files, so it is safe to run next
 to a sweep that is still writing (it takes no lock and never opens ``queue.sqlite``). It is read-only:
-only queries run, files outside the result tables cannot be read or written and no extension can be
+only queries run, files outside the result tables cannot be read or written (over an object store
+DuckDB reads no file at all: pyarrow reads the committed objects for it) and no extension can be
 installed or loaded (``analysis.views.make_read_only``); ``--unsafe`` gives a full DuckDB instead.
 """
 

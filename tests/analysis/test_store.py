@@ -71,6 +71,20 @@ def test_store_round_trips_objects_when_s3(s3: S3Server) -> None:
     assert store.describe("t") == f"s3://{bucket}/a/b/t"
 
 
+def test_store_reaches_the_endpoint_named_in_the_uri_when_no_endpoint_variable_is_set(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``?endpoint_override=HOST:PORT&scheme=http`` alone names an S3-compatible store."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    bucket = s3.new_bucket()
+    host = s3.endpoint.removeprefix("http://")
+    store = open_store(f"s3://{bucket}/p?endpoint_override={host}&scheme=http")
+    store.check(write=True)
+    store.write_bytes("k", b"v")
+    assert open_store(f"s3://{bucket}/p?endpoint_override=http://{host}").read_bytes("k") == b"v"
+    assert store.location == f"s3://{bucket}/p" and store.endpoint == host
+
+
 def test_store_read_table_is_none_when_object_is_not_parquet(s3: S3Server) -> None:
     """A damaged object (not Parquet) reads as absent, as a damaged local file does: the driver then
     runs that job again instead of crashing."""
