@@ -21,6 +21,7 @@ from typing import Any
 from harness.spec import SweepSpec
 from specsweep.errors import SpecError
 from workers.job import JobSpec, launch_args
+from workers.load.workloads import PromptSetWorkload
 from workers.sglang import SpecParams, ValidationReport, validate_many
 
 BASELINE_LABEL = "baseline"
@@ -231,6 +232,16 @@ def unchecked_plan(spec: SweepSpec) -> Plan:
     """Every point as written, unvalidated: for forcing a launch SGLang itself must judge."""
     points = grid_points(spec)
     return build_plan(spec, points, [unchecked_outcome(p) for p in points])
+
+
+def check_prompt_set(spec: SweepSpec) -> None:
+    """Read the sweep's prompt set here, before any server launches, so that an unreachable Hugging Face
+    dataset (offline and not cached, an unknown id, a bad revision, config or split) or an unusable
+    prompt file is one ``WorkloadError`` now, not a failed attempt on every node. A local file or mirror
+    this machine does not have is left to the nodes (they check it before they launch)."""
+    workload = spec.load.workload
+    if isinstance(workload, PromptSetWorkload) and not workload.node_only():
+        workload.prompts()
 
 
 def _local_dir(path: str) -> str | None:

@@ -18,6 +18,7 @@ class ErrorClass(StrEnum):
     CONFIG_MISMATCH = "config_mismatch"  # the live server runs another config than planned
     CUDA_OOM = "cuda_oom"  # out of GPU memory
     BAD_DRAFTER = "bad_drafter"  # the drafter checkpoint cannot be converted
+    PROMPTS_UNREADABLE = "prompts_unreadable"  # the node cannot read the prompt set (file or Hub dataset)
     NCCL_ERROR = "nccl_error"  # NCCL failed (node or network)
     CRASH = "crash"  # the server exited for another reason
     STARTUP_TIMEOUT = "startup_timeout"  # /health not 200 within the startup limit

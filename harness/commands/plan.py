@@ -6,7 +6,7 @@ import argparse
 import json
 
 from harness.commands.base import Command
-from harness.plan import POINT_STATUSES, Plan, plan_with_local_configs
+from harness.plan import POINT_STATUSES, Plan, check_prompt_set, plan_with_local_configs
 from harness.spec import SweepSpec, load_spec
 from specsweep.errors import SpecError
 
@@ -119,6 +119,7 @@ def print_plan(plan: Plan) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec, _ = load_spec(args.spec)
+    check_prompt_set(spec)
     plan = validated_plan(spec, args)
     if args.json:
         print(json.dumps(plan.to_json_dict(), indent=2))

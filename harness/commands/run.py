@@ -15,7 +15,7 @@ from harness.commands.plan import (
     require_nothing_dropped,
     validated_plan,
 )
-from harness.plan import unchecked_plan
+from harness.plan import check_prompt_set, unchecked_plan
 from harness.spec import load_spec
 
 
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.progress import progress_for
 
     spec, text = load_spec(args.spec)
+    check_prompt_set(spec)
     plan = unchecked_plan(spec) if args.no_validate else validated_plan(spec, args)
     print(plan_summary(plan), flush=True)
     require_jobs(plan, args.spec)

@@ -355,6 +355,25 @@ def test_driver_fails_after_retries_when_server_crashes_every_time(
     assert rows(tmp_path / "out", "requests") == []
 
 
+def test_driver_fails_before_launch_with_prompts_class_when_node_cannot_read_the_prompt_set(
+    cluster: Any, models: dict[str, str], tmp_path: Path
+) -> None:
+    """A prompt file no node has: each attempt fails as prompts_unreadable before any server starts (no
+    server log), naming the file; retried on the other slot like any node-local failure."""
+    missing = tmp_path / "on-no-node" / "prompts.jsonl"
+    load = {
+        **make_spec(models, tmp_path)["load"],
+        "workload": {"kind": "prompt_set", "path": str(missing), "max_tokens": 8},
+    }
+    data = make_spec(models, tmp_path / "out", speculative=None, load=load)
+    summary, log = run(data)
+    assert summary.counts["failed"] == 1, log
+    _, jobs, attempts = queue_state(tmp_path / "out")
+    assert jobs[0].error_class == "prompts_unreadable" and jobs[0].attempts == 2
+    assert all(str(missing) in (a.error_text or "") and not a.log_tail for a in attempts)
+    assert rows(tmp_path / "out", "requests") == []
+
+
 def test_driver_fails_level_with_flush_class_when_cache_flush_is_refused(
     cluster: Any, models: dict[str, str], tmp_path: Path
 ) -> None:

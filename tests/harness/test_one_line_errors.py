@@ -123,3 +123,22 @@ def test_demo_refuses_at_once_when_nodes_is_not_a_positive_count(
     with pytest.raises(SystemExit) as exited:
         main(["demo", "--nodes", nodes])
     assert exited.value.code == 2 and "node count" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_plan_and_run_refuse_an_unreachable_hub_dataset_before_any_launch_when_offline(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Hugging Face prompt set that is neither cached nor reachable (offline): `plan` and `run` exit 2
+    with one error naming the dataset and the fix, before validation, Ray or a server; nothing is
+    written (no results directory, no cache)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache, out = tmp_path / "hub", tmp_path / "out"
+    workload = {"kind": "prompt_set", "format": "gsm8k", "hf": {"cache_dir": str(cache)}, "max_tokens": 8}
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "load": {**SPEC["load"], "workload": workload}}))  # type: ignore[dict-item]
+    argv = [command, str(spec)] + (["--no-validate", "--out", str(out)] if command == "run" else [])
+    assert main(argv) == 2
+    err = one_line_error(capsys, "openai/gsm8k@main is not in", "offline mode is on", "fix: ", "hf download")
+    assert len(err.strip().splitlines()) == 2  # the problem, then its fix
+    assert not out.exists() and not cache.exists()

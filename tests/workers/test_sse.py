@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workers.load.sse import SSEDecoder, SSEFormatError, int_field
-from workers.load.stream import ResponseStream, StreamError
+from workers.load.stream import ReplyStream, ResponseStream, StreamError
 from workers.sglang import api
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23"
@@ -219,3 +219,25 @@ def test_response_stream_reads_bare_chat_and_string_errors_when_extras_are_absen
     )
     with pytest.raises(StreamError, match=r"^boom$"):
         _stream_of(api.GENERATE, b'{"error":"boom"}').final_stats()
+
+
+def test_reply_stream_keeps_the_reply_text_and_the_same_stats_when_a_later_turn_needs_it() -> None:
+    """SGLang's recorded chat stream read by ReplyStream (a request a later turn replies to): the same
+    token chunks and final statistics as ResponseStream, plus the reply text joined from every chunk's
+    ``delta.content``; a ResponseStream keeps no text."""
+    raw = (STREAMS / "chat_spec_stream.sse").read_bytes()
+    events = _events(raw, [len(raw) // 3, len(raw) // 2])  # reads split mid-event
+    plain, kept = ResponseStream(api.CHAT_COMPLETIONS), ReplyStream(api.CHAT_COMPLETIONS)
+    plain.add_events(events)
+    kept.add_events(events)
+    assert kept.reply == "The quick brown fox jumps over the lazy dog." and plain.reply is None
+    assert (kept.chunk_tokens, kept.chunk_arrival_ns) == (plain.chunk_tokens, plain.chunk_arrival_ns)
+    assert kept.final_stats() == plain.final_stats()
+
+
+def test_reply_stream_raises_malformed_sse_when_a_chunk_is_not_json() -> None:
+    """A reply chunk that is not JSON cannot give text to send back: ``malformed_sse`` at once."""
+    stream = ReplyStream(api.CHAT_COMPLETIONS)
+    with pytest.raises(StreamError, match="not JSON") as caught:
+        stream.add_events(_events(b'data: {"usage":{"completion_tokens":1},\n\n', []))
+    assert caught.value.error_type == "malformed_sse"

@@ -13,7 +13,10 @@ Each process has ONE aiohttp session whose pool is sized to the streams it drive
 connection per stream) before the clock starts. Timestamps are ``perf_counter_ns`` taken as each socket
 read comes in, before aiohttp or we parse it (``workers.load.socket_stamps``), so a busy loop does not date
 chunks late; parsing is then kept to two integers a chunk (``workers.load.sse``, ``workers.load.stream``).
-Failed, timed-out and cut-off requests are records with an ``error_type``; nothing is dropped. When one
+Failed, timed-out and cut-off requests are records with an ``error_type``; nothing is dropped. The turns
+of a conversation go in order, each sent once the reply before it is in (closed loop: on one stream; open
+loop: an arrival starts a conversation, its later turns follow their replies at once); a failed turn ends
+its conversation. When one
 process cannot keep up (``processes``, automatic by concurrency), shard
 processes (``python -m workers.load.generator``) start together on one clock and their records are merged.
 """
@@ -47,7 +50,7 @@ from workers.load.calibration import ClientDelay, LoopbackServer, loopback_body
 from workers.load.sequential import precise_enough
 from workers.load.socket_stamps import StampedBody, StampingConnector
 from workers.load.sse import SSEDecoder, SSEFormatError
-from workers.load.stream import FinalStats, ResponseStream, StreamError
+from workers.load.stream import FinalStats, ReplyStream, ResponseStream, StreamError
 from workers.load.workloads import PreparedRequest, Workload, request_stream
 from workers.sglang import api
 
@@ -127,6 +130,7 @@ class _Outcome:
     chunk_tokens: list[int]
     server_chunk_ns: list[int]
     tokens_seen: int
+    reply: str | None = None  # the streamed text, kept only when a later turn sends it back
 
     @property
     def error_type(self) -> str | None:
@@ -142,7 +146,7 @@ async def _send(
     session: aiohttp.ClientSession, ctx: _Context, prep: PreparedRequest, scheduled_abs_ns: int | None
 ) -> _Outcome:
     """Send one request and read its stream; always returns an outcome (errors included)."""
-    stream = ResponseStream(prep.endpoint)
+    stream = ResponseStream(prep.endpoint) if prep.next_turn is None else ReplyStream(prep.endpoint)
     decoder = SSEDecoder()
     status: int | None = None
     error: tuple[str, str] | None = None
@@ -226,7 +230,36 @@ def _outcome(
         chunk_tokens=stream.chunk_tokens,
         server_chunk_ns=stream.server_chunk_ns,
         tokens_seen=stream.completion_tokens,
+        reply=stream.reply if error is None else None,
     )
+
+
+def _next_turn(prep: PreparedRequest, outcome: _Outcome) -> PreparedRequest | None:
+    """The conversation's next request, carrying this one's reply; None after its last turn or a failure."""
+    if prep.next_turn is None or outcome.reply is None:
+        return None
+    return prep.next_turn.request(prep.index, outcome.reply)
+
+
+class _Turns:
+    """One closed-loop stream's requests: the next turn of its conversation once the reply is in, else
+    the first turn of the next conversation."""
+
+    __slots__ = ("_next", "_requests")
+
+    def __init__(self, requests: Iterator[PreparedRequest]) -> None:
+        self._requests = requests
+        self._next: PreparedRequest | None = None
+
+    def __iter__(self) -> _Turns:
+        return self
+
+    def __next__(self) -> PreparedRequest:
+        prep, self._next = self._next, None
+        return prep if prep is not None else next(self._requests)
+
+    def answered(self, prep: PreparedRequest, outcome: _Outcome) -> None:
+        self._next = _next_turn(prep, outcome)
 
 
 def _record(outcome: _Outcome) -> RequestRecord:
@@ -247,7 +280,8 @@ def _record(outcome: _Outcome) -> RequestRecord:
         tpot_ms = (arrivals[-1] - arrivals[0]) / 1e6 / (completion - 1)
     level = ctx.level
     return RequestRecord(
-        request_id=f"{'w' if ctx.warmup else 'r'}{outcome.prep.index:07d}",
+        request_id=f"{'w' if ctx.warmup else 'r'}{outcome.prep.index:07d}"
+        + (f".{outcome.prep.turn}" if outcome.prep.turn else ""),
         load_level=level.label,
         concurrency=level.concurrency,
         rate_rps=level.rate_rps,
@@ -327,11 +361,12 @@ async def _closed_loop(
     stop = asyncio.Event()  # the throughput is precise enough: send no more, let in-flight ones finish
 
     async def worker() -> None:
-        for prep in requests:
+        for prep in (turns := _Turns(requests)):
             if stop.is_set() or (deadline_abs_ns is not None and time.perf_counter_ns() >= deadline_abs_ns):
                 return
             outcome = await _send(session, ctx, prep, None)
             outcomes.append(outcome)
+            turns.answered(prep, outcome)
             if outcome.error_type == CUT_OFF:  # the run is being stopped (duration over, or Ctrl-C)
                 return
             if precision is not None and outcome.error is None:
@@ -360,7 +395,13 @@ async def _open_loop(
 
     async def one(prep: PreparedRequest, scheduled: int) -> None:
         try:
-            outcomes.append(await _send(session, ctx, prep, scheduled))
+            outcome = await _send(session, ctx, prep, scheduled)
+            outcomes.append(outcome)
+            while (turn := _next_turn(prep, outcome)) is not None and (
+                deadline_abs_ns is None or time.perf_counter_ns() < deadline_abs_ns
+            ):  # a later turn follows its reply at once, in the same slot
+                prep, outcome = turn, await _send(session, ctx, turn, None)
+                outcomes.append(outcome)
         finally:
             if slots is not None:
                 slots.release()
@@ -470,7 +511,9 @@ def _session(streams: int | None, level: LoadLevel) -> aiohttp.ClientSession:
 
 def _prepared_requests(level: LoadLevel, workload: Workload, shard: _Shard) -> Iterator[PreparedRequest]:
     """This shard's measured requests; for a count, all bodies encoded now, before the clock starts."""
-    requests = request_stream(workload, iter(shard.indices(level)))
+    indices = shard.indices(level)
+    limit = len(indices) if isinstance(indices, range) else None  # a count: conversations' turns in all
+    requests = request_stream(workload, iter(indices), limit)
     return iter(list(requests)) if level.requests is not None else requests
 
 
@@ -520,7 +563,7 @@ async def _warmup(
     outcomes: list[_Outcome] = []
     if level.warmup_requests:
         ctx = _Context(base_url, level, time.perf_counter_ns(), warmup=True)
-        requests = request_stream(workload, iter(range(level.warmup_requests)))
+        requests = request_stream(workload, iter(range(level.warmup_requests)), level.warmup_requests)
         workers = min(level.warmup_requests, level.streams or level.warmup_requests)
         await _closed_loop(session, ctx, requests, workers, None, outcomes)
     flushed = await _flush_cache(session, base_url, level.flush_timeout_s) if level.flush_cache else None

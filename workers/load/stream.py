@@ -5,7 +5,9 @@ stamp) with ``workers.load.sse.int_field``; the tokens a chunk carried are the d
 (never re-tokenised text). Full JSON is decoded only for the few chunks that carry no new tokens (role,
 finish, ``sglext``, usage, error) and, on ``/generate``, the final chunk. Both routes are covered: native
 ``/generate`` (cumulative chunks, ``meta_info``) and ``/v1/chat/completions`` (``usage`` on every chunk
-with ``stream_options.continuous_usage_stats``; speculative stats in the ``sglext`` chunk).
+with ``stream_options.continuous_usage_stats``; speculative stats in the ``sglext`` chunk). A reply that a
+later turn of a conversation needs is read by ``ReplyStream``, which also keeps each chunk's text; every
+other request pays nothing for that.
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ class ResponseStream:
         """Tokens seen so far (the last ``completion_tokens`` value)."""
         return self._completion_tokens
 
+    @property
+    def reply(self) -> str | None:
+        """The reply's text, when this stream keeps it (``ReplyStream``)."""
+        return None
+
     def add_events(self, events: list[SSEEvent]) -> None:
         """Take the events of one read; reads two integers per event, decodes nothing."""
         for first_byte_ns, payload, _ in events:
@@ -128,6 +135,38 @@ class ResponseStream:
                 f"{self._completion_tokens} tokens streamed",
             )
         return stats
+
+
+class ReplyStream(ResponseStream):
+    """A chat stream whose reply text the next turn of its conversation sends back: each chunk's
+    ``delta.content`` is decoded as it comes (a few microseconds per chunk, spread over the stream rather
+    than one burst at its end, so other streams' chunks are not held up)."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint)
+        self._parts: list[str] = []
+
+    @property
+    def reply(self) -> str:
+        """The text streamed so far, concatenated."""
+        return "".join(self._parts)
+
+    def add_events(self, events: list[SSEEvent]) -> None:
+        super().add_events(events)
+        for _, payload, _ in events:
+            if payload != api.SSE_DONE:
+                self._parts.append(_delta_content(_decode(payload)))
+
+
+def _delta_content(obj: dict[str, Any]) -> str:
+    """The text a chat chunk adds (empty for role, finish, usage and ``sglext`` chunks)."""
+    for choice in obj.get("choices") or ():
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+            return str(delta["content"])
+    return ""
 
 
 def _decode(payload: bytes) -> dict[str, Any]:

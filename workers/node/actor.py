@@ -36,7 +36,7 @@ from analysis.schema import (
     write_parquet_atomic,
 )
 from specsweep.error_classes import ErrorClass
-from specsweep.errors import ConversionError
+from specsweep.errors import ConversionError, WorkloadError
 from workers.convert.cache import converted_drafter
 from workers.job import AttemptResult, JobSpec
 from workers.node.launcher import (
@@ -104,6 +104,19 @@ def server_accept_length(server_info: dict[str, Any]) -> float | None:
     states = server_info.get(api.SERVER_INFO_INTERNAL_STATES) or []
     value = states[0].get(api.AVG_SPEC_ACCEPT_LENGTH) if states else None
     return float(value) if isinstance(value, int | float) else None
+
+
+def _check_prompts(job: JobSpec) -> None:
+    """The prompt set's files on this node, before a server launches for nothing (a file the node lacks,
+    a Hugging Face dataset its cache does not hold while the Hub is out of reach)."""
+    from workers.load.workloads import PromptSetWorkload
+
+    workload = job.load.workload
+    if isinstance(workload, PromptSetWorkload):
+        try:
+            workload.check_readable()
+        except WorkloadError as err:
+            raise ServerFailure(ErrorClass.PROMPTS_UNREADABLE, str(err)) from None
 
 
 class NodeWorker:
@@ -176,6 +189,7 @@ class NodeWorker:
     def _run(self, state: _Attempt) -> tuple[list[RequestRecord], list[LevelRecord]]:
         job = state.job
         self._preflight()
+        _check_prompts(job)
         draft_path = self._drafter(job)
         config = ServerConfig(
             engine=job.engine,
