@@ -1,26 +1,24 @@
 """The corpus: one generated draft per published format, converted or refused as SGLang 0.5.23 loads it.
 
 Each shape (``eagle3_fixtures.published_shapes``) carries its format's exact config fields and key
-names at a tiny size. What converts is then loaded by SGLang's OWN loader: the llama drafts by
-``LlamaForCausalLMEagle3.load_weights`` in the resolver venv (tests/workers/sglang_draft_load.py),
-the MLA drafts by replaying ``Eagle3DeepseekV2ForCausalLM.load_weights`` from the installed source
-(building that class on a CPU is impossible there: see _replay_mla_load).
+names at a tiny size. What converts is then loaded by SGLang's OWN loader in the resolver venv
+(tests/workers/sglang_draft_load.py): ``LlamaForCausalLMEagle3`` or ``Eagle3DeepseekV2ForCausalLM``,
+built on the CPU in a single-rank gloo group, runs its ``load_weights`` on the output.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from specsweep.errors import ConversionError
 from workers.convert.converter import ConvertOptions, convert
@@ -133,16 +131,44 @@ def test_corpus_converts_shape_with_head_and_version_needs_when_sglang_loads_it(
     assert target.status == "pass" and "text_config" in target.detail
 
 
-def _llama_outputs(corpus: dict) -> list[Path]:
-    return [Path(corpus[name].destination) for name in sorted(CONVERTED) if name not in MLA_SHAPES]
+MLA_A_PROJ = "midlayer.self_attn.{}.weight"
+
+
+def _write_mla_drafts_past_the_converter(corpus: dict, root: Path) -> list[Path]:
+    """Two MLA drafts the converter refuses, written from the K2.5 output without it, so SGLang's
+    loader shows what a refusal prevents: a pre-fused q_a/kv_a projection and an unknown key."""
+    source = Path(corpus["kimi-k25-eagle3-mla"].destination)
+    weights = load_file(source / "model.safetensors")
+    a_proj = [MLA_A_PROJ.format(part) for part in ("q_a_proj", "kv_a_proj_with_mqa")]
+    fused = torch.cat([weights[key] for key in a_proj])
+    unfused = {key: tensor for key, tensor in weights.items() if key not in a_proj}
+    drafts = {
+        "prefused-a-proj": unfused | {MLA_A_PROJ.format("fused_qkv_a_proj_with_mqa"): fused},
+        "unknown-key": weights | {MLA_A_PROJ.format("q_norm"): torch.ones(TINY_MLA.qk_nope_head_dim)},
+    }
+    outs = []
+    for name, tensors in drafts.items():
+        out = root / name / "out"
+        out.mkdir(parents=True)
+        shutil.copy(source / "config.json", out / "config.json")
+        save_file(tensors, str(out / "model.safetensors"))
+        outs.append(out)
+    return outs
 
 
 @pytest.fixture(scope="module")
-def sglang_loads(corpus: dict, sglang_python: str) -> dict[str, dict[str, Any]]:
-    """SGLang 0.5.23's own LlamaForCausalLMEagle3.load_weights run on every converted llama draft."""
+def sglang_loads(
+    corpus: dict, sglang_python: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """SGLang 0.5.23's own LlamaForCausalLMEagle3 / Eagle3DeepseekV2ForCausalLM, built on the CPU,
+    run through load_weights on every converted draft and on the two written past the converter."""
+    root = tmp_path_factory.mktemp("sglang-loads")
+    drafts = [Path(corpus[name].destination) for name in sorted(CONVERTED)]
+    drafts += _write_mla_drafts_past_the_converter(corpus, root / "drafts")
+    (root / "params").mkdir()
     script = Path(__file__).with_name("sglang_draft_load.py")
     proc = subprocess.run(
-        [sglang_python, str(script), *map(str, _llama_outputs(corpus))],
+        [sglang_python, str(script), str(root / "params"), *map(str, drafts)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -152,19 +178,20 @@ def sglang_loads(corpus: dict, sglang_python: str) -> dict[str, dict[str, Any]]:
     return {Path(load["draft"]).parent.name: load for load in loads}
 
 
-@pytest.mark.parametrize("name", sorted(set(CONVERTED) - set(MLA_SHAPES)))
-def test_sglang_load_weights_fills_every_parameter_when_loading_converted_llama_draft(
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_sglang_load_weights_fills_every_parameter_when_loading_converted_draft(
     name: str, corpus: dict, sglang_loads: dict
 ) -> None:
-    """SGLang's own loader fills every parameter it does not take from the target, uses every
-    checkpoint element (none skipped), builds the norms the config asks for, and maps d2t to the
-    same target ids the converter checked."""
+    """SGLang's own loader, of the class the output's config names, fills every parameter it does
+    not take from the target, uses every checkpoint element (none skipped, no warning), builds the
+    norms the config asks for, and maps d2t to the same target ids the converter checked."""
     load, report = sglang_loads[name], corpus[name]
-    assert load["class"] == "LlamaForCausalLMEagle3"
+    config = json.loads((Path(report.destination) / "config.json").read_text())
+    assert load["class"] == config["architectures"][0]
     assert load["unfilled"] == []
+    assert load["warnings"] == []
     assert load["filled_elements"] == load["checkpoint_elements"]
     assert load["lm_head_from_target"] == (report.lm_head == "target")
-    config = json.loads((Path(report.destination) / "config.json").read_text())
     assert load["has_input_norm"] == bool((config.get("eagle_config") or {}).get("norm_before_fc"))
     assert load["has_fc_norm"] == bool(config.get("fc_norm"))
     assert load["norm_output"] == bool(config.get("norm_output"))
@@ -176,106 +203,59 @@ def test_sglang_load_weights_fills_every_parameter_when_loading_converted_llama_
         assert load["hot_token_id"] is None
 
 
-def _installed_mla_load_weights(sglang_python: str) -> Any:
-    """``Eagle3DeepseekV2ForCausalLM.load_weights`` compiled from the installed SGLang source.
-
-    Importing kimi_k25_eagle3 in the resolver venv fails (deepseek_v2 -> schedule_batch -> the
-    OpenAI protocol needs the ``openai`` package, which that venv lacks), so the class cannot be
-    built on a CPU there; its load_weights is taken verbatim from the file and run against the
-    parameter table Eagle3MLAModel + DeepseekV2AttentionMLA build (see _mla_params).
-    """
-    where = subprocess.run(
-        [sglang_python, "-c", "import sglang, os; print(os.path.dirname(sglang.__file__))"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout.strip()
-    source = Path(where, "srt", "models", "kimi_k25_eagle3.py").read_text()
-    tree = ast.parse(source)
-    cls = next(
-        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Eagle3DeepseekV2ForCausalLM"
-    )
-    method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "load_weights")
-    method.decorator_list = []
-    module = ast.Module(body=[method], type_ignores=[])
-    namespace: dict[str, Any] = {
-        "re": re,
-        "torch": torch,
-        "Iterable": Any,
-        "Tuple": tuple,
-        "logger": SimpleNamespace(warning=lambda *args: namespace["skipped"].append(args[1])),
-        "default_weight_loader": lambda param, weight: param.data.copy_(weight),
-        "skipped": [],
-    }
-    exec(compile(module, "kimi_k25_eagle3.py", "exec"), namespace)  # SGLang's own code, verbatim
-    return namespace
-
-
-def _mla_params(config: dict[str, Any]) -> dict[str, torch.nn.Parameter]:
-    """The parameters Eagle3DeepseekV2ForCausalLM registers (kimi_k25_eagle3.py, deepseek_v2.py)."""
-    hidden, heads, inter = config["hidden_size"], config["num_attention_heads"], config["intermediate_size"]
-    q, kv, nope, rope, v = (
-        config[f]
-        for f in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    )
-    aux = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    target = config.get("target_hidden_size") or hidden
-    layer = "model.midlayer."
-    shapes = {
-        "model.embed_tokens.weight": (config["vocab_size"], hidden),
-        "model.fc.weight": (hidden, aux * target),
-        layer + "self_attn.fused_qkv_a_proj_with_mqa.weight": (q + kv + rope, 2 * hidden),
-        layer + "self_attn.q_a_layernorm.weight": (q,),
-        layer + "self_attn.q_b_proj.weight": (heads * (nope + rope), q),
-        layer + "self_attn.kv_a_layernorm.weight": (kv,),
-        layer + "self_attn.kv_b_proj.weight": (heads * (nope + v), kv),
-        layer + "self_attn.o_proj.weight": (hidden, heads * v),
-        layer + "mlp.gate_up_proj.weight": (2 * inter, hidden),
-        layer + "mlp.down_proj.weight": (hidden, inter),
-        layer + "input_layernorm.weight": (hidden,),
-        layer + "hidden_norm.weight": (hidden,),
-        layer + "post_attention_layernorm.weight": (hidden,),
-        "model.norm.weight": (hidden,),
-        "lm_head.weight": (config.get("draft_vocab_size") or config["vocab_size"], hidden),
-    }
-    if config.get("fc_norm") or config.get("use_aux_norm"):
-        shapes |= {f"model.fc_norm.{i}.weight": (target,) for i in range(aux)}
-    params = {}
-    for name, shape in shapes.items():
-        param = torch.nn.Parameter(torch.full(shape, float("nan")), requires_grad=False)
-        if name.endswith("gate_up_proj.weight"):
-            param.weight_loader = lambda p, w, shard: p.data[shard * inter : (shard + 1) * inter].copy_(w)  # type: ignore[attr-defined]
-        params[name] = param
-    return params
+def _mla_param_name(key: str) -> str:
+    """Where Eagle3DeepseekV2ForCausalLM keeps a checkpoint key (the mapping its docstring states)."""
+    key = re.sub(r"^layers\.0\.", "midlayer.", key)
+    return key if key.startswith("lm_head.") else "model." + key
 
 
 @pytest.mark.parametrize("name", MLA_SHAPES)
-def test_sglang_mla_load_weights_maps_every_weight_when_replayed_on_converted_mla_draft(
-    name: str, corpus: dict, sglang_python: str
+def test_sglang_mla_load_weights_places_every_value_when_loading_converted_mla_draft(
+    name: str, corpus: dict, sglang_loads: dict
 ) -> None:
-    """SGLang's MLA load_weights (the installed source, replayed) skips no weight and fills every
-    parameter but the embedding (the target's), including the fused q_a/kv_a projection."""
-    report = corpus[name]
-    out = Path(report.destination)
-    config = json.loads((out / "config.json").read_text())
+    """In the MLA model SGLang built (a YaRN rope when the config scales it) and loaded, q_a and
+    kv_a sit in the fused projection in that order, gate and up in gate_up_proj, and every other
+    float tensor in its parameter, value for value."""
+    out = Path(corpus[name].destination)
+    scaled = json.loads((out / "config.json").read_text())["rope_scaling"] is not None
+    rope = "DeepseekScalingRotaryEmbedding" if scaled else "RotaryEmbedding"
+    assert sglang_loads[name]["rotary_embedding"] == rope
     weights = load_file(out / "model.safetensors")
-    namespace = _installed_mla_load_weights(sglang_python)
-    params = _mla_params(config)
-    model = SimpleNamespace(
-        named_parameters=lambda: params.items(), post_load_weights=lambda: None, hot_token_id=None
-    )
-    namespace["load_weights"](model, iter(weights.items()))
-    assert namespace["skipped"] == []
-    unfilled = [
-        n for n, p in params.items() if n != "model.embed_tokens.weight" and not torch.isfinite(p).all()
-    ]
-    assert unfilled == []
-    a_proj = params["model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight"]
-    prefix = "layers.0." if name == "kimi-k26-eagle31-mla" else "midlayer."
-    assert torch.equal(a_proj[: TINY_MLA.q_lora_rank], weights[prefix + "self_attn.q_a_proj.weight"].float())
-    d2t = weights["d2t"]
-    assert torch.equal(model.hot_token_id, d2t + torch.arange(d2t.shape[0]))
+    params = load_file(sglang_loads[name]["params_file"])
+    layer = "layers.0." if name == "kimi-k26-eagle31-mla" else "midlayer."
+    fused = {
+        "self_attn.fused_qkv_a_proj_with_mqa": ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"),
+        "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    }
+    parts = set()
+    for param, pair in fused.items():
+        keys = [f"{layer}{part}.weight" for part in pair]
+        expected = torch.cat([weights[key] for key in keys]).float()
+        assert torch.equal(params[f"model.midlayer.{param}.weight"], expected), param
+        parts |= set(keys)
+    rest = [key for key, t in weights.items() if t.is_floating_point() and key not in parts]
+    assert rest, "no unfused tensors to compare"
+    for key in rest:
+        assert torch.equal(params[_mla_param_name(key)], weights[key].float()), key
+
+
+def test_sglang_mla_load_weights_never_loads_prefused_a_proj_when_checkpoint_has_one(
+    sglang_loads: dict,
+) -> None:
+    """Why the converter refuses a pre-fused fused_qkv_a_proj_with_mqa: SGLang's loader caches it
+    as half of a q_a/kv_a pair that never completes, so the projection stays unfilled."""
+    load = sglang_loads["prefused-a-proj"]
+    assert load["unfilled"] == ["model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight"]
+    assert load["filled_elements"] < load["checkpoint_elements"]
+
+
+def test_sglang_mla_load_weights_skips_unknown_key_when_checkpoint_has_one(sglang_loads: dict) -> None:
+    """Why the converter refuses an unknown key: SGLang's MLA loader only logs it and serves the
+    draft without it."""
+    load = sglang_loads["unknown-key"]
+    assert load["warnings"] == [f"Eagle3 MLA: skipping unexpected weight {MLA_A_PROJ.format('q_norm')}"]
+    assert load["unfilled"] == []
+    assert load["checkpoint_elements"] - load["filled_elements"] == TINY_MLA.qk_nope_head_dim
 
 
 def test_mla_conversion_passes_through_names_and_config_when_source_is_kimi_mla(corpus: dict) -> None:

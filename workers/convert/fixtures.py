@@ -522,8 +522,23 @@ def _native_legacy_eagle31() -> FixtureCheckpoint:
     return checkpoint
 
 
-def _mla(variant: Variant = PLAIN, *, layers_prefix: bool = False) -> FixtureCheckpoint:
+# Kimi-K2's YaRN rope (DeepSeek-V3 style): an MLA draft attends over the target's positions.
+KIMI_YARN_ROPE = {
+    "type": "yarn",
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 1.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+
+def _mla(
+    variant: Variant = PLAIN, *, layers_prefix: bool = False, rope_scaling: dict[str, Any] | None = None
+) -> FixtureCheckpoint:
     checkpoint = build_checkpoint(SourceFormat.SGLANG_MLA, variant=variant)
+    checkpoint.config["rope_scaling"] = rope_scaling
     if layers_prefix:
         checkpoint.tensors = {
             ("layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name): tensor
@@ -601,7 +616,7 @@ def published_shapes() -> list[PublishedShape]:
         PublishedShape("kimi-k25-eagle3-mla", "Eagle3DeepseekV2ForCausalLM, midlayer.*", _mla()),
         PublishedShape(
             "kimi-k26-eagle31-mla",
-            "MLA with fc_norm + norm_output, layers.0.*",
-            _mla(Variant(fc_norm=True, norm_output=True), layers_prefix=True),
+            "MLA with fc_norm + norm_output, layers.0.*, YaRN rope",
+            _mla(Variant(fc_norm=True, norm_output=True), layers_prefix=True, rope_scaling=KIMI_YARN_ROPE),
         ),
     ]
