@@ -46,7 +46,7 @@ QUERY_KEYS: dict[str, tuple[str, ...]] = {
 }
 CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 120.0
-RETRY_ATTEMPTS = 5  # transient errors (throttling, 5xx, resets) are retried by the SDK this often
+RETRY_ATTEMPTS = 3  # tries of a request with a transient error (throttling, 5xx, resets): the SDK standard
 GCS_RETRY_LIMIT_S = 10.0
 WRITE_CHECK = ".write-check"
 

@@ -149,6 +149,5 @@ def test_driver_writes_a_bucket_exactly_once_when_killed_and_resumed(
     assert summary.counts["done"] == JOBS, run_log
     from_bucket, from_disk = ranking(capsys, uri), ranking(capsys, str(local))
     assert len(from_bucket) == LEVELS
-    print("RANKING", from_bucket, from_disk)
     for level, ranked in from_bucket.items():
         assert ranked[0][0] == from_disk[level][0][0], (level, ranked, from_disk[level])
