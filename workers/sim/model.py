@@ -209,6 +209,9 @@ class Load:
     mix: tuple[tuple[str, float], ...] = ()
 
 
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)  # the per-request TPOT quantiles ground_truth reports
+
+
 @dataclass(frozen=True, slots=True)
 class GroundTruth:
     """What a config delivers under a load, in seconds at time scale 1 (means over requests)."""
@@ -221,6 +224,7 @@ class GroundTruth:
     ttft_s: float
     request_latency_s: float
     output_throughput: float  # output tokens per second over the whole run
+    tpot_quantiles: tuple[float, ...] = ()  # per-request TPOT at QUANTILES (linear, as quantile_cont)
     accept_length_by_category: tuple[tuple[str, float], ...] = ()  # each category's expected value
 
 
@@ -351,7 +355,21 @@ def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
         request_latency_s=mean(end - f.arrival for f, end in finished),
         output_throughput=len(finished) * load.output_len / wall,
         accept_length_by_category=by_category,
+        tpot_quantiles=tuple(
+            quantile([(end - f.first_token) / decode_tokens for f, end in finished], q) for q in QUANTILES
+        )
+        if decode_tokens
+        else (),
     )
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile with linear interpolation between order statistics (DuckDB's ``quantile_cont``)."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def mix_accept_length(
