@@ -64,13 +64,13 @@ class CapacitySearch(StrictModel):
     @model_validator(mode="after")
     def _bracket(self) -> CapacitySearch:
         if self.lo >= self.hi:
-            raise ValueError(f"capacity: lo ({self.lo:g}) must be below hi ({self.hi:g})")
+            raise ValueError(f"lo ({self.lo:g}) must be below hi ({self.hi:g})")
         if self.kind == "concurrency" and self.hi - self.lo < 1:
-            raise ValueError("capacity: a concurrency bracket needs hi at least lo + 1")
+            raise ValueError("a concurrency bracket needs hi at least lo + 1")
         try:
             self.slos()
         except ResultsError as err:
-            raise ValueError(f"capacity: slo: {err.problem.splitlines()[0]}; {err.fix}") from None
+            raise ValueError(f"slo: {err.problem.splitlines()[0]}; {err.fix}") from None
         return self
 
     def slos(self) -> tuple[Slo, ...]:
@@ -81,7 +81,7 @@ class CapacitySearch(StrictModel):
         slos = parse_slos(self.slo, LEVEL_SLO_COLUMNS, where="capacity.slo")
         if not slos:
             raise ResultsError(
-                "capacity: slo is empty",
+                "it is empty",
                 where="capacity.slo",
                 fix='give level SLOs such as "tpot_p99_ms<=50"',
             )

@@ -111,6 +111,7 @@ def test_capacity_search_finds_each_configs_slo_capacity_within_5_percent_in_8_p
         assert bound == "bracketed" and count <= 8
         assert abs(capacity - truth) <= 0.05 * truth, (report, probes)
     print("\n".join(report))
+    capsys.readouterr()
     assert main(["best", str(out), "--objective", "capacity", "--json"]) == 0
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     assert [r["config_label"] for r in ranked] == sorted(found, key=lambda k: -found[k][0])
