@@ -103,7 +103,9 @@ def searched(
     )
     summary, log = run(data)
     assert summary.counts["failed"] == 0 and summary.counts["done"] == len(CONFIGS), log
-    assert rows(out, "levels") == [] and rows(out, "requests") == []  # probes only: no fixed levels
+    levels = len(load.get("concurrency", []))  # probes are neither levels nor requests rows
+    assert len(rows(out, "levels")) == levels * len(CONFIGS)
+    assert len(rows(out, "requests")) == levels * len(CONFIGS) * load["requests_per_level"]
     con = connect(open_store(out))
     found = {
         label: (capacity, bound, probes)
@@ -139,8 +141,9 @@ def test_concurrency_capacity_is_within_5_percent_of_the_model_in_8_probes_when_
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """One launch per config runs at most 8 closed-loop probes and finds the concurrency at which p90
-    TPOT meets the SLO within 5% of the model's; best --objective capacity ranks the configs by it."""
+    """One launch per config runs a fixed level, then at most 8 closed-loop probes, and finds the
+    concurrency at which p90 TPOT meets the SLO within 5% of the model's; best --objective capacity ranks
+    the configs by it and the report shows and plots it."""
     out = tmp_path / "out"
     lo, hi, requests = 4, 96, 120
     capacity = {"kind": "concurrency", "lo": float(lo), "hi": float(hi), "max_probes": 8}
@@ -148,6 +151,7 @@ def test_concurrency_capacity_is_within_5_percent_of_the_model_in_8_probes_when_
         models,
         out,
         {
+            "concurrency": [2],
             "requests_per_level": requests,
             "capacity": {**capacity, "slo": f"tpot_p90_ms<={SLO_TPOT_P90_S * 1000 * SCALE:g}"},
         },
@@ -158,6 +162,14 @@ def test_concurrency_capacity_is_within_5_percent_of_the_model_in_8_probes_when_
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     assert [r["config_label"] for r in ranked] == sorted(found, key=lambda k: -found[k][0])
     assert [r["capacity"] for r in ranked] == sorted((f[0] for f in found.values()), reverse=True)
+    assert main(["best", str(out), "--objective", "capacity"]) == 0
+    text = capsys.readouterr().out
+    winner = ranked[0]
+    assert f"{winner['config_label']}" in text and f"{winner['capacity']:.4g} in flight" in text
+    assert main(["report", str(out), "-o", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "<section id='capacity'>" in page and "<figure id='plot-capacity'>" in page
+    assert f"{ranked[-1]['capacity']:.4g} in flight" in page
 
 
 def test_rate_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searched(
