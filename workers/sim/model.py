@@ -400,7 +400,9 @@ def open_loop_tpot_quantiles(
         for _ in range(load.num_requests):  # the first request after one gap, as the load generator
             at += rng.gammavariate(burstiness, 1.0 / (rate_rps * burstiness))
             schedule.append(at)
-        finished = _closed_loop_run(profile, shape, probs, mix, spec.max_running_requests, load, rng, schedule)
+        finished = _closed_loop_run(
+            profile, shape, probs, mix, spec.max_running_requests, load, rng, schedule
+        )
         tpots += [(end - f.first_token) / (load.output_len - 1) for f, end in finished]
     return tuple(quantile(tpots, q) for q in QUANTILES)
 
