@@ -120,7 +120,8 @@ def test_best_and_report_show_capacity_when_asked(results: Path, capsys: pytest.
 def test_best_points_at_capacity_when_the_sweep_has_no_fixed_levels(
     results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Capacity-only results: the default ranking says so in one line and names --objective capacity;
+    """Capacity-only results: the default ranking and the report say so in one line and name
+    --objective capacity;
     --objective capacity on results without a search names load.capacity."""
     only = tmp_path / "only"
     shutil.copytree(results, only)
@@ -129,6 +130,8 @@ def test_best_points_at_capacity_when_the_sweep_has_no_fixed_levels(
     assert main(["best", str(only)]) == 2
     err = capsys.readouterr().err
     assert "capacity searches only" in err and "--objective capacity" in err and "Traceback" not in err
+    assert main(["report", str(only), "-o", str(tmp_path / "report.html")]) == 2
+    assert "capacity searches only" in capsys.readouterr().err and not (tmp_path / "report.html").exists()
     shutil.rmtree(only / "capacity")
     assert main(["best", str(only), "--objective", "capacity"]) == 2
     err = capsys.readouterr().err
