@@ -121,8 +121,7 @@ def test_best_points_at_capacity_when_the_sweep_has_no_fixed_levels(
     results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Capacity-only results: the default ranking and the report say so in one line and name
-    --objective capacity;
-    --objective capacity on results without a search names load.capacity."""
+    --objective capacity; --objective capacity on results without a search names load.capacity."""
     only = tmp_path / "only"
     shutil.copytree(results, only)
     shutil.rmtree(only / "levels")
