@@ -35,6 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
 from harness.queue import JobQueue, Lease
+from harness.reaper import Reaper
 from harness.results import (
     Output,
     check_output,
@@ -143,10 +144,25 @@ def _file_lock(out: Output) -> Iterator[None]:
         yield
 
 
-def _connect(address: str, spec: SweepSpec) -> bool:
-    """Connect to (or start) Ray; True when this call started it (and must shut it down)."""
+@dataclass
+class _RayConnection:
+    """What ``_connect`` did: ``started`` when this call started Ray (and must shut it down); ``reaper``
+    when it started an embedded Ray, whose processes the reaper stops once the driver is gone."""
+
+    started: bool
+    reaper: Reaper | None = None
+
+    def close(self) -> None:
+        if self.started:
+            ray.shutdown()
+        if self.reaper is not None:
+            self.reaper.close()
+
+
+def _connect(address: str, spec: SweepSpec) -> _RayConnection:
+    """Connect to (or start) Ray."""
     if ray.is_initialized():
-        return False
+        return _RayConnection(started=False)
     if address == "local":
         # The simulator needs no GPUs: declare enough for the slots. SGLang uses what Ray detects.
         gpus = spec.gpus_per_server * (spec.max_servers or 2) if spec.engine == "sim" else None
@@ -160,6 +176,7 @@ def _connect(address: str, spec: SweepSpec) -> bool:
             log_to_driver=False,
             _node_ip_address="127.0.0.1",
         )
+        return _RayConnection(started=True, reaper=Reaper(ray.get_runtime_context().get_session_name()))
     else:
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
@@ -169,7 +186,7 @@ def _connect(address: str, spec: SweepSpec) -> bool:
                 fix="start one (`ray start --head`, `ray up cluster.yaml`), pass its address with "
                 "--ray-address, or use --ray-address local for an embedded one",
             ) from None
-    return True
+    return _RayConnection(started=True)
 
 
 def _acquire_driver_lock(sweep_id: str, where: str | Path) -> Any:
@@ -550,7 +567,7 @@ def run_sweep(
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
     out = output_for(out)
     check_output(out)  # before Ray: a bad URI, endpoint, bucket or key is refused before any launch
-    started_ray = _connect(ray_address, spec)
+    connection = _connect(ray_address, spec)
     where = out.store.describe() if out.remote else str(out.state.resolve())
     try:
         with _file_lock(out):
@@ -582,5 +599,4 @@ def run_sweep(
                 if queue is not None:
                     queue.close()
     finally:
-        if started_ray:
-            ray.shutdown()
+        connection.close()

@@ -1,0 +1,97 @@
+"""A driver that started an embedded Ray (``--ray-address local``) leaves none of its processes behind
+when it is killed with SIGKILL: Ray's own fate-sharing takes the GCS and the raylet, the reaper
+(harness.reaper) takes the dashboard and runtime-env agents, the workers and the servers, which
+otherwise hold their ports for a minute or more."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from workers.convert.fixtures import TINY, write_target_config
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+GONE_WITHIN_S = 20.0  # Ray 2.60's agents alone outlive a killed driver by 37 s or more (measured)
+
+
+def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (pid and start time checked, so a reused pid does not count)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _names(processes: list[psutil.Process]) -> set[str]:
+    names = set()
+    for process in processes:
+        try:
+            names.add(" ".join(process.cmdline())[:200])
+        except psutil.NoSuchProcess:
+            continue
+    return names
+
+
+def test_killed_driver_leaves_no_ray_process_when_it_started_ray_itself(tmp_path: Path) -> None:
+    """SIGKILL a `run --ray-address local` driver while its job runs: every process under it (GCS,
+    raylet, dashboard, both agents, workers, the simulated server) is gone within GONE_WITHIN_S. The
+    processes are the driver's own descendants, recorded before the kill (other tests' clusters are
+    not looked at); the agents and the server are among them, so the check cannot pass vacuously."""
+    out = tmp_path / "out"
+    spec = {
+        "engine": "sim",
+        "model_path": str(write_target_config(tmp_path / "target", TINY)),
+        "base_args": ["--tp-size", "8"],
+        "load": {"concurrency": [1], "duration_s": 300, "warmup_requests": 0},
+        "timeouts": {"startup_s": 60, "level_s": 600, "stop_s": 5, "placement_s": 120},
+        "max_servers": 1,
+        "output_dir": str(out),
+    }
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "SPECSWEEP_PID_DIR": str(tmp_path / "pids"), "PYTHONPATH": str(REPO)}
+    log = tmp_path / "driver.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "run",
+        str(spec_file),
+        "--ray-address",
+        "local",
+        "--no-validate",
+    ]
+    with open(log, "wb") as log_file:
+        driver = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        tree: list[psutil.Process] = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and driver.poll() is None:
+            tree = psutil.Process(driver.pid).children(recursive=True)
+            names = " ".join(_names(tree))
+            if all(part in names for part in ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "workers.sim")):
+                break
+            time.sleep(0.5)
+        names = " ".join(_names(tree))
+        for part in ("gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "workers.sim"):
+            assert part in names, f"{part} not running under the driver:\n{log.read_text()[-3000:]}"
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    killed = time.monotonic()
+    while time.monotonic() - killed < GONE_WITHIN_S and any(_running(p) for p in tree):
+        time.sleep(0.2)
+    left = [p for p in tree if _running(p)]
+    for process in left:  # leave nothing for the next test either way
+        process.kill()
+    assert not left, f"left running {GONE_WITHIN_S:.0f} s after the driver's SIGKILL: {_names(left)}"
