@@ -20,6 +20,7 @@ import logging
 import math
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +51,7 @@ from harness.search.session import SearchSession
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
 from specsweep.error_classes import ErrorClass
-from specsweep.errors import ClusterError, StoreError
+from specsweep.errors import ClusterError, StoreError, disk_full_error, is_disk_full
 from workers.job import AttemptResult, JobSpec
 from workers.node.actor import NodeWorker
 from workers.node.records import AttemptFacts, job_record
@@ -439,6 +440,12 @@ class Driver:
             self._worker_lost(slot, ErrorClass.NODE_LOST, f"worker lost: {type(err).__name__}: {err}")
             return
         except RayTaskError as err:
+            if is_disk_full(err.cause):  # the worker could not write the attempt's files: stop, count nothing
+                raise disk_full_error(
+                    err.cause,
+                    where=str(self.out.state),
+                    doing=f"slot {slot.index} wrote job {job.job_id}'s files",
+                ) from None
             self._free(slot)
             self._record_failure(
                 lease, job, lost_attempt(job, lease, ErrorClass.WORKER_ERROR, str(err)[-2000:])
@@ -551,6 +558,19 @@ def _prepare_queue(queue: JobQueue, plan: Plan, out: Output, progress: Progress,
     return int(created)
 
 
+@contextmanager
+def _disk_full_stops(out: Output) -> Iterator[None]:
+    """A write of the driver that finds the disk full ends the sweep with a DiskFullError: whatever it was
+    writing is a temporary file or an SQLite transaction, both undone, and the jobs it leased are settled
+    by ``--resume`` as after any driver death (harness.settle)."""
+    try:
+        yield
+    except (OSError, sqlite3.Error) as err:
+        if not is_disk_full(err):
+            raise
+        raise disk_full_error(err, where=str(out.state), doing="the driver wrote the sweep's files") from None
+
+
 def run_sweep(
     spec: SweepSpec,
     spec_text: str,
@@ -570,7 +590,7 @@ def run_sweep(
     connection = _connect(ray_address, spec)
     where = out.store.describe() if out.remote else str(out.state.resolve())
     try:
-        with _file_lock(out):
+        with _file_lock(out), _disk_full_stops(out):
             claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
             lock = _acquire_driver_lock(plan.sweep_id, where)  # before the queue: a refusal leaves no file
             queue = None
