@@ -1,6 +1,6 @@
 """A sweep whose output disk fills up mid-run stops with one line (DiskFullError, exit 5), leaves
 nothing half-written and its queue intact, and ``--resume`` finishes it once there is space, every
-row exactly once. The disk is a real small tmpfs filled by the test (mounting needs root, as CI has)."""
+row exactly once. The disk is a real small tmpfs (tests/conftest.py's ``small_disk``) filled by the test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from harness.queue import open_read_only, read_counts
+from tests.conftest import fill
 from workers.convert.eagle3_format import SourceFormat
 from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
 
@@ -26,35 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 JOBS = 6  # the baseline, four chains (topk 1) and one tree (2 steps, topk 2, 3 draft tokens)
 LEVELS = 2
 REQUESTS = 3
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 64 MiB tmpfs mounted for this test (skipped where this user may not mount)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def _fill(disk: Path) -> Path:
-    """Write a file until the disk is full; returns it (delete it to free the space)."""
-    filler = disk / "filler"
-    with open(filler, "wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * (1 << 16))
-                handle.flush()
-        except OSError:
-            pass
-    return filler
 
 
 def _counts(out: Path) -> dict[str, int]:
@@ -126,7 +97,7 @@ def test_run_stops_with_one_line_and_resumes_when_the_output_disk_fills(
             except sqlite3.OperationalError:
                 pass
             time.sleep(0.2)
-        filler = _fill(small_disk)
+        filler = fill(small_disk)
         _, stderr = driver.communicate(timeout=240)
     finally:
         if driver.poll() is None:
