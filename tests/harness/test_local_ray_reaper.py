@@ -1,4 +1,4 @@
-"""A driver that started an embedded Ray (``--ray-address local``) leaves none of its processes behind
+"""A driver that started an embedded Ray (``--ray-address local``, ``demo``) leaves none of its processes behind
 when it is killed with SIGKILL: Ray's own fate-sharing takes the GCS and the raylet, the reaper
 (harness.reaper) takes the dashboard and runtime-env agents, the workers and the servers, which
 otherwise hold their ports for a minute or more."""
@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -42,11 +43,8 @@ def _names(processes: list[psutil.Process]) -> set[str]:
     return names
 
 
-def test_killed_driver_leaves_no_ray_process_when_it_started_ray_itself(tmp_path: Path) -> None:
-    """SIGKILL a `run --ray-address local` driver while its job runs: every process under it (GCS,
-    raylet, dashboard, both agents, workers, the simulated server) is gone within GONE_WITHIN_S. The
-    processes are the driver's own descendants, recorded before the kill (other tests' clusters are
-    not looked at); the agents and the server are among them, so the check cannot pass vacuously."""
+def _run_argv(tmp_path: Path) -> list[str]:
+    """`specsweep run --ray-address local` of a one-job sweep whose level lasts minutes."""
     out = tmp_path / "out"
     spec = {
         "engine": "sim",
@@ -59,9 +57,7 @@ def test_killed_driver_leaves_no_ray_process_when_it_started_ray_itself(tmp_path
     }
     spec_file = tmp_path / "sweep.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "SPECSWEEP_PID_DIR": str(tmp_path / "pids"), "PYTHONPATH": str(REPO)}
-    log = tmp_path / "driver.log"
-    argv = [
+    return [
         sys.executable,
         "-m",
         "harness.cli",
@@ -71,6 +67,30 @@ def test_killed_driver_leaves_no_ray_process_when_it_started_ray_itself(tmp_path
         "local",
         "--no-validate",
     ]
+
+
+def _demo_argv(tmp_path: Path) -> list[str]:
+    """`specsweep demo` on one simulated node (its own embedded cluster: a head and one node)."""
+    return [sys.executable, "-m", "harness.cli", "demo", "--out", str(tmp_path / "demo"), "--nodes", "1"]
+
+
+@pytest.mark.parametrize("command", [_run_argv, _demo_argv], ids=["run-local", "demo"])
+def test_killed_driver_leaves_no_ray_process_when_it_started_ray_itself(
+    command: Callable[[Path], list[str]], tmp_path: Path
+) -> None:
+    """SIGKILL a driver that started Ray itself (`run --ray-address local`, `demo`) while a job runs:
+    every process under it (GCS, raylets, dashboard, both agents, workers, the simulated server) is
+    gone within GONE_WITHIN_S. The processes are the driver's own descendants, recorded before the kill
+    (other tests' clusters are not looked at); the agents and the server are among them, so the check
+    cannot pass vacuously."""
+    argv = command(tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "SPECSWEEP_PID_DIR": str(tmp_path / "pids"),
+        "SPECSWEEP_DRAFTER_CACHE": str(tmp_path / "drafters"),
+    }
+    log = tmp_path / "driver.log"
     with open(log, "wb") as log_file:
         driver = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:
