@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
-from harness.queue import open_read_only, read_counts
+from harness.queue import open_read_only, read_counts, read_jobs
 from tests.conftest import fill
 from workers.convert.eagle3_format import SourceFormat
 from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
@@ -113,6 +113,7 @@ def test_run_stops_with_one_line_and_resumes_when_the_output_disk_fills(
     conn = open_read_only(out)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert [job.failures for job in read_jobs(conn)] == [0] * JOBS  # the disk is not the config's fault
     finally:
         conn.close()
     assert sorted(p.name for p in out.rglob("*.tmp")) == []
