@@ -17,6 +17,7 @@ import psutil
 import pytest
 import yaml
 
+from harness.demo import simulated_cluster
 from workers.convert.fixtures import TINY, write_target_config
 
 pytestmark = pytest.mark.ray
@@ -33,14 +34,18 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def _names(processes: list[psutil.Process]) -> set[str]:
-    names = set()
+def _cmdlines(processes: list[psutil.Process]) -> list[str]:
+    found = []
     for process in processes:
         try:
-            names.add(" ".join(process.cmdline())[:200])
+            found.append(" ".join(process.cmdline())[:200])
         except psutil.NoSuchProcess:
             continue
-    return names
+    return found
+
+
+def _names(processes: list[psutil.Process]) -> set[str]:
+    return set(_cmdlines(processes))
 
 
 def _run_argv(tmp_path: Path) -> list[str]:
@@ -115,3 +120,27 @@ def test_killed_driver_leaves_no_ray_process_when_it_started_ray_itself(
     for process in left:  # leave nothing for the next test either way
         process.kill()
     assert not left, f"left running {GONE_WITHIN_S:.0f} s after the driver's SIGKILL: {_names(left)}"
+
+
+def test_simulated_cluster_leaves_no_process_when_it_ends_normally() -> None:
+    """The demo's embedded cluster on a normal exit: once `simulated_cluster` returns, no process it
+    started (both agents of both raylets among them, checked present, and the reaper itself) is still
+    running, with no waiting. Ray's own shutdown stops the agents on this path (without the reaper the
+    test passes too); it guards the reaper's close: it returns, and leaves nothing of its own."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    with simulated_cluster(nodes=1, gpus_per_node=8, cpus_per_node=2):
+        deadline = time.monotonic() + 60
+        while True:  # the node's agents start a moment after it registers
+            tree = [p for p in me.children(recursive=True) if p.pid not in before]
+            agents = [
+                c for c in _cmdlines(tree) if c.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent"))
+            ]
+            if len(agents) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert len(agents) == 4, _names(tree)
+    left = [p for p in tree if _running(p)]
+    for process in left:
+        process.kill()
+    assert not left, f"left running after the cluster's shutdown: {_names(left)}"
