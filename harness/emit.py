@@ -112,7 +112,8 @@ def _sweep_spec(con: duckdb.DuckDBPyConnection) -> SweepSpec:
 def _measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     """Per config label, the SGLang arguments its first done job ran with."""
     rows = con.sql(
-        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs WHERE status = 'done' GROUP BY 1"
+        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs "
+        "WHERE status = 'done' AND role = 'sweep' GROUP BY 1"
     ).fetchall()
     return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
 
