@@ -273,8 +273,9 @@ def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         return "".join(parts)
     steps = plan.adaptive.steps_by_batch_size
     by_size = sorted(plan.adaptive.chosen.items(), key=lambda item: concurrency[item[0]] or 0)
+    thresholds = plan.adaptive.thresholds
     rows = "".join(
-        f"<tr><td>{concurrency[level]}</td><td>{steps[concurrency[level] or 0]}</td>"
+        f"<tr><td>{thresholds[level]}</td><td>{concurrency[level]}</td><td>{steps[thresholds[level]]}</td>"
         f"<td class='label'>{html.escape(label)}</td>"
         f"<td class='label'>{html.escape(plan.adaptive.gives_up.get(level, ''))}</td></tr>"
         for level, label in by_size
@@ -282,7 +283,7 @@ def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
     parts.append(
         f"<p>Adaptive schedule (<code>--speculative-adaptive</code>, expected {plan.adaptive.mix_score:.3f} "
         "of the per-level best on the mix):</p><table class='adaptive-schedule'><tr><th>batch size &ge;</th>"
-        f"<th>draft steps</th><th class='label'>as measured by</th><th class='label'>gives up</th></tr>{rows}"
+        f"<th>level's concurrency</th><th>draft steps</th><th class='label'>as measured by</th><th class='label'>gives up</th></tr>{rows}"
         "</table></section>"
     )
     return "".join(parts)

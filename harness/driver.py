@@ -388,7 +388,9 @@ class Driver:
         job = confirmation.job
         self.queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json())])
         self.jobs[job.job_id] = job
-        self.progress.event(f"confirmation: launch the adaptive schedule ({confirmation.note}) ({job.job_id})")
+        self.progress.event(
+            f"confirmation: launch the adaptive schedule ({confirmation.note}) ({job.job_id})"
+        )
         return True
 
     @staticmethod
