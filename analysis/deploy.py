@@ -78,6 +78,16 @@ class Deployment:
     recommended: str  # "static" or "adaptive"
 
 
+def spec_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
+    """The spec's ``deploy_weights`` (None: every level alike), read from the sweep row's YAML."""
+    import yaml
+
+    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
+    spec = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
+    weights = spec.get("deploy_weights") if isinstance(spec, dict) else None
+    return {str(k): float(v) for k, v in weights.items()} if isinstance(weights, dict) and weights else None
+
+
 def config_shapes(con: duckdb.DuckDBPyConnection) -> dict[str, ConfigShape]:
     """Per config label, what its done jobs ran (effective settings)."""
     rows = con.sql(

@@ -104,11 +104,6 @@ def emit(
     return result
 
 
-def mix_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
-    """The spec's ``deploy_weights`` (None: every level alike)."""
-    return dict(_sweep_spec(con).deploy_weights) or None
-
-
 def _sweep_spec(con: duckdb.DuckDBPyConnection) -> SweepSpec:
     rows = con.sql("SELECT spec_text FROM sweep").fetchall()
     if not rows or not rows[0][0]:

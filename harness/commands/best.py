@@ -135,9 +135,8 @@ def confirmation_from_args(
     """The confirmation job measured against ``selection`` (ranked again with it, under the same flags);
     None when the sweep has no finished confirmation job or ``--at`` picks one level."""
     from analysis.confirmation import CONFIRMATION_ROLE, confirm, confirmation_label
-    from analysis.deploy import config_shapes, level_concurrency
+    from analysis.deploy import config_shapes, level_concurrency, spec_weights
     from analysis.select import SWEEP_ROLES, select_best
-    from harness.emit import mix_weights
 
     found = confirmation_label(con)
     if found is None or args.at is not None:
@@ -159,7 +158,7 @@ def confirmation_from_args(
         label, schedule = found
         return confirm(
             selection, with_confirmation, label, schedule, config_shapes(con), level_concurrency(con),
-            mix_weights(con),
+            spec_weights(con),
         )  # fmt: skip
 
 
