@@ -4,6 +4,7 @@ launched once, measured against the per-level winners, and never relaunched by a
 from __future__ import annotations
 
 import argparse
+import html
 import io
 import json
 import sqlite3
@@ -192,3 +193,15 @@ def test_run_resume_command_keeps_confirm_flag() -> None:
     add_run_arguments(parser)
     args = parser.parse_args(["sweep.yaml", "--confirm", "--ray-address", "local"])
     assert resume_command(args, "out").endswith("--resume --confirm --ray-address local")
+
+
+def test_report_shows_the_confirmation_against_each_level(sweep: dict[str, Any], tmp_path: Path) -> None:
+    """`specsweep report` shows the measured adaptive server per level in its deploy section, and what it
+    gives up where a tree wins."""
+    page = tmp_path / "report.html"
+    assert main(["report", str(sweep["out"]), "-o", str(page)]) == 0
+    table = page.read_text().split("class='confirmation'")[1].split("</table>")[0]
+    for level in LEVELS:
+        assert f"<td class='label'>{level}</td>" in table
+    gives_up = [lc.gives_up for lc in _confirmation(sweep["out"]).levels if lc.gives_up is not None]
+    assert all(html.escape(text) in table for text in gives_up)
