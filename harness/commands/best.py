@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.views import connect, readable_results
 from harness.commands.base import Command
+
+CAPACITY = "capacity"  # --objective capacity: rank by the capacity search's result, not a level metric
 
 if TYPE_CHECKING:
     import duckdb
@@ -53,7 +54,8 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         "--objective",
         default=DEFAULT_OBJECTIVE,
         metavar="METRIC",
-        help=f"what to rank by: a level metric or {aliases} (default {DEFAULT_OBJECTIVE})",
+        help=f"what to rank by: a level metric, {aliases}, or capacity (the load.capacity search's "
+        f"highest load within its SLOs; best only) (default {DEFAULT_OBJECTIVE})",
     )
     parser.add_argument(
         "--confidence",
@@ -108,6 +110,7 @@ def selection_from_args(
 ) -> tuple[duckdb.DuckDBPyConnection, Selection]:
     """Open OUT (``store``) and run the selection the flags ask for (shared with ``report``)."""
     from analysis.select import select_best
+    from analysis.views import connect, readable_results
 
     slos = _slos(args)
     with readable_results(store):
@@ -137,6 +140,7 @@ def confirmation_from_args(
     from analysis.confirmation import CONFIRMATION_ROLE, confirm, confirmation_label
     from analysis.deploy import config_shapes, level_concurrency, spec_weights
     from analysis.select import SWEEP_ROLES, select_best
+    from analysis.views import readable_results
 
     found = confirmation_label(con)
     if found is None or args.at is not None:
@@ -193,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     from analysis.store import open_store
 
     store = open_store(args.out)
+    if args.objective == CAPACITY:
+        return _run_capacity(args, store)
     con, selection = selection_from_args(args, store)
     confirmation = confirmation_from_args(args, store, con, selection)
     deployment = None
@@ -223,6 +229,40 @@ def run(args: argparse.Namespace) -> int:
             from harness.emit import describe
 
             print(describe(deployment, args.emit))
+    return 0
+
+
+def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
+    """``--objective capacity``: configs by the highest load their capacity search found within its SLOs."""
+    from analysis.capacity import capacity_text, rank_by_capacity
+    from analysis.views import connect, readable_results
+
+    if args.emit is not None:
+        from specsweep.errors import ResultsError
+
+        raise ResultsError(
+            "--emit picks per-level winners; it does not take --objective capacity",
+            where="--emit",
+            fix="run `best --emit DIR` with a level objective (the default throughput)",
+        )
+    with readable_results(store):
+        con = connect(store)
+        choices = rank_by_capacity(con)
+        con.close()
+    if args.json:
+        print(
+            json.dumps({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]}, indent=2)
+        )
+        return 0
+    first = choices[0]
+    lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
+    lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
+    for c in choices:
+        lines.append(
+            f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {c.launches:>8} {c.probes:>6}"
+        )
+    lines.append(f"   launch: {first.launch_command or '(unknown)'}")
+    print("\n".join(lines))
     return 0
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import mean
@@ -209,6 +210,9 @@ class Load:
     mix: tuple[tuple[str, float], ...] = ()
 
 
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)  # the per-request TPOT quantiles ground_truth reports
+
+
 @dataclass(frozen=True, slots=True)
 class GroundTruth:
     """What a config delivers under a load, in seconds at time scale 1 (means over requests)."""
@@ -221,6 +225,7 @@ class GroundTruth:
     ttft_s: float
     request_latency_s: float
     output_throughput: float  # output tokens per second over the whole run
+    tpot_quantiles: tuple[float, ...] = ()  # per-request TPOT at QUANTILES (linear, as quantile_cont)
     accept_length_by_category: tuple[tuple[str, float], ...] = ()  # each category's expected value
 
 
@@ -351,7 +356,55 @@ def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
         request_latency_s=mean(end - f.arrival for f, end in finished),
         output_throughput=len(finished) * load.output_len / wall,
         accept_length_by_category=by_category,
+        tpot_quantiles=tuple(
+            quantile([(end - f.first_token) / decode_tokens for f, end in finished], q) for q in QUANTILES
+        )
+        if decode_tokens
+        else (),
     )
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile with linear interpolation between order statistics (DuckDB's ``quantile_cont``)."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def open_loop_tpot_quantiles(
+    profile: SimProfile,
+    spec: SpecParams,
+    rate_rps: float,
+    load: Load,
+    *,
+    runs: int,
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> tuple[float, ...]:
+    """Per-request TPOT at QUANTILES (simulated seconds) of an open loop: ``load.num_requests`` requests
+    arriving on an idle server at ``rate_rps`` with gamma gaps of shape ``burstiness`` (1: Poisson), as
+    one open-loop level sends them (``load.concurrency`` is unused); the requests of ``runs`` seeded
+    runs are pooled."""
+    shape = DraftShape.from_spec(spec)
+    mix = load.mix or ((profile.default_category, 1.0),)
+    probs = {
+        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
+        for name, _ in mix
+    }
+    rng = random.Random(seed)
+    tpots: list[float] = []
+    for _ in range(runs):
+        schedule, at = [], 0.0
+        for _ in range(load.num_requests):  # the first request after one gap, as the load generator
+            at += rng.gammavariate(burstiness, 1.0 / (rate_rps * burstiness))
+            schedule.append(at)
+        finished = _closed_loop_run(
+            profile, shape, probs, mix, spec.max_running_requests, load, rng, schedule
+        )
+        tpots += [(end - f.first_token) / (load.output_len - 1) for f, end in finished]
+    return tuple(quantile(tpots, q) for q in QUANTILES)
 
 
 def mix_accept_length(
@@ -380,19 +433,21 @@ def _closed_loop_run(
     max_running: int | None,
     load: Load,
     rng: random.Random,
+    schedule: list[float] | None = None,
 ) -> list[tuple[_Flight, float]]:
-    """One run of ``load``: (request, finish time) for every request."""
+    """One run of ``load``: (request, finish time) for every request. With ``schedule`` (sorted arrival
+    times) it is an open loop of those arrivals instead: nothing is sent when a request finishes."""
     now = 0.0
-    arrivals: list[float] = [0.0] * min(load.concurrency, load.num_requests)
+    arrivals = deque(schedule if schedule is not None else [0.0] * min(load.concurrency, load.num_requests))
     to_send = load.num_requests - len(arrivals)
     waiting: list[_Flight] = []
     running: list[_Flight] = []
     done: list[tuple[_Flight, float]] = []
     while len(done) < load.num_requests:
-        if not running and not waiting and not any(t <= now for t in arrivals):
-            now = min(arrivals)  # idle: the next arrival starts an iteration at once
-        waiting += [_Flight(t, probs[draw_category(mix, rng)]) for t in arrivals if t <= now]
-        arrivals = [t for t in arrivals if t > now]
+        if not running and not waiting and arrivals[0] > now:
+            now = arrivals[0]  # idle: the next arrival starts an iteration at once
+        while arrivals and arrivals[0] <= now:  # arrivals stay sorted: replacements land after them all
+            waiting.append(_Flight(arrivals.popleft(), probs[draw_category(mix, rng)]))
         admitted = admissions(len(waiting), len(running), max_running)
         if admitted:
             batch, waiting = waiting[:admitted], waiting[admitted:]
