@@ -39,19 +39,25 @@ CONFIG = {
 }
 
 
-def recorded_steps(seed: int, count: int) -> list[tuple[int, list[int]]]:
-    """Verify steps over phases of good and bad drafting at batch sizes across every slot."""
+def recorded_steps(
+    seed: int, count: int, initial: int, config: dict[str, Any] | None
+) -> list[tuple[int, list[int]]]:
+    """Verify steps over phases of good and bad drafting at batch sizes across every slot, as a server
+    records them: no request accepts more drafts than the depth its batch ran (none at depth 0)."""
     rng = random.Random(seed)
+    server = AdaptiveSchedule(initial, config if config is not None else DEFAULT_ADAPTIVE_CONFIG)
     events = []
     for i in range(count):
         batch = rng.choice([1, 2, 3, 4, 7, 15, 16, 30, 48, 64])
+        depth = server.steps_for_batch(batch)
         accept = 0.9 if (i // 60) % 2 == 0 else 0.3
         drafts = []
         for _ in range(batch):
             n = 0
-            while n < 7 and rng.random() < accept:
+            while n < depth and rng.random() < accept:
                 n += 1
             drafts.append(n)
+        server.on_verify_complete(drafts, batch)
         events.append((batch, drafts))
     return events
 
@@ -72,7 +78,7 @@ def test_adaptive_schedule_decides_as_sglang_when_replaying_recorded_verify_step
 ) -> None:
     """Per verify step, the depth the batch runs with and every switch equal SGLang 0.5.23's own
     AdaptiveSpeculativeParams fed the same sequence (its config file, or its default table)."""
-    events = recorded_steps(seed=initial, count=600)
+    events = recorded_steps(initial, 600, initial, config)
     done = subprocess.run(
         [sglang_python, "-c", SGLANG_REPLAY],
         input=json.dumps({"config": config, "initial": initial, "events": events}),
