@@ -21,6 +21,7 @@ from analysis.store import ResultStore
 from analysis.views import connect, readable_results
 from harness.plan import Plan, job_id
 from harness.spec import SweepSpec
+from specsweep.errors import ResultsError
 from workers.job import JobSpec
 
 CONFIRMATION_LABEL = "adaptive"
@@ -47,16 +48,19 @@ def schedule_text(steps_by_batch_size: dict[int, int]) -> str:
 
 def plan_confirmation(spec: SweepSpec, plan: Plan, store: ResultStore) -> ConfirmationPlan:
     """Build the confirmation job from the committed results (as ``best --emit`` ranks them by default:
-    throughput, no SLO, the spec's load mix)."""
-    with readable_results(store):
-        con = connect(store)
-        try:
-            selection = select_best(con, store, replicates=SCHEDULE_REPLICATES, allow_partial=True)
-            deployment = plan_deployment(
-                selection, config_shapes(con), level_concurrency(con), spec.deploy_weights or None
-            )
-        finally:
-            con.close()
+    throughput, no SLO, the spec's load mix); a sweep whose results give no schedule gets none, and why."""
+    try:
+        with readable_results(store):
+            con = connect(store)
+            try:
+                selection = select_best(con, store, replicates=SCHEDULE_REPLICATES, allow_partial=True)
+                deployment = plan_deployment(
+                    selection, config_shapes(con), level_concurrency(con), spec.deploy_weights or None
+                )
+            finally:
+                con.close()
+    except ResultsError as err:  # nothing ranked, bad deploy_weights, ...: the sweep itself is done
+        return ConfirmationPlan(None, f"{err.problem} ({err.where})" if err.where else err.problem)
     adaptive = deployment.adaptive
     if adaptive is None:
         return ConfirmationPlan(None, deployment.adaptive_note or "no adaptive schedule")
