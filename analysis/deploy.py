@@ -7,8 +7,10 @@ A team runs one server, so per-level winners are not an answer by themselves. Tw
   only by the team's weights; the mix score is the weighted mean over the weighted levels. A config
   that misses an SLO (is not ranked) at any weighted level is not a candidate.
 - **adaptive** (closed-loop levels only): per level, the best of the topk-1 chains and the baseline
-  (depth 0); batch-size thresholds are the levels' concurrencies and each threshold keeps its level's
-  winning depth. Its expected mix score assumes each level runs as its chosen config did; where a tree
+  (depth 0); each level owns the batch sizes nearer (geometrically) to its concurrency than to its
+  neighbours': thresholds are 1 for the lowest level and ``ceil(sqrt(previous x this))`` above it
+  (levels 1/16/64: batch >= 1, >= 4, >= 32), so a batch a request short of its level's concurrency,
+  as happens between a finish and the next admission, still runs that level's depth. Its expected mix score assumes each level runs as its chosen config did; where a tree
   (topk > 1) won a level, the schedule gives up the difference, which is reported.
 
 The recommendation is whichever expects the higher mix score; the adaptive one is a prediction until a
@@ -17,6 +19,8 @@ confirmation run measures it.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,6 +59,7 @@ class AdaptiveChoice:
     """A per-batch-size depth schedule built from the per-level winners among chains and the baseline."""
 
     steps_by_batch_size: dict[int, int]
+    thresholds: dict[str, int]  # load level -> the smallest batch size its depth serves
     chosen: dict[str, str]  # load level -> the config whose depth the schedule uses there
     mix_score: float
     level_scores: dict[str, float]
@@ -73,12 +78,22 @@ class Deployment:
     recommended: str  # "static" or "adaptive"
 
 
+def spec_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
+    """The spec's ``deploy_weights`` (None: every level alike), read from the sweep row's YAML."""
+    import yaml
+
+    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
+    spec = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
+    weights = spec.get("deploy_weights") if isinstance(spec, dict) else None
+    return {str(k): float(v) for k, v in weights.items()} if isinstance(weights, dict) and weights else None
+
+
 def config_shapes(con: duckdb.DuckDBPyConnection) -> dict[str, ConfigShape]:
     """Per config label, what its done jobs ran (effective settings)."""
     rows = con.sql(
         "SELECT config_label, any_value(effective_speculative_algorithm IS NULL), "
         "any_value(effective_speculative_num_steps), any_value(effective_speculative_eagle_topk) "
-        "FROM jobs WHERE status = 'done' GROUP BY config_label"
+        "FROM jobs WHERE status = 'done' AND role = 'sweep' GROUP BY config_label"
     ).fetchall()
     return {label: ConfigShape(label, bool(base), steps, topk) for label, base, steps, topk in rows}
 
@@ -107,6 +122,15 @@ def plan_deployment(
     return Deployment(weights, static, adaptive, note, recommended)
 
 
+def batch_thresholds(concurrency: dict[str, int]) -> dict[str, int]:
+    """Per level, the smallest batch size its depth serves (see the module docstring)."""
+    ordered = sorted(concurrency.items(), key=lambda item: item[1])
+    thresholds = {ordered[0][0]: 1}
+    for (_, previous), (level, current) in itertools.pairwise(ordered):
+        thresholds[level] = math.ceil(math.sqrt(previous * current))
+    return thresholds
+
+
 def _check_weights(weights: dict[str, float], levels: dict[str, LevelChoice]) -> dict[str, float]:
     unknown = sorted(set(weights) - set(levels))
     if unknown:
@@ -123,7 +147,8 @@ def _check_weights(weights: dict[str, float], levels: dict[str, LevelChoice]) ->
     return weights
 
 
-def _score(value: float, best: float, lower: bool) -> float:
+def score(value: float, best: float, lower: bool) -> float:
+    """``value`` as a fraction of the level's ``best`` (1 = as good as the winner)."""
     if lower:
         return best / value if value > 0 else 0.0
     return value / best if best > 0 else 0.0
@@ -131,16 +156,34 @@ def _score(value: float, best: float, lower: bool) -> float:
 
 def _level_scores(level: LevelChoice, lower: bool) -> dict[str, float]:
     best = level.winner.objective if level.winner else 0.0
-    return {r.config_label: _score(r.objective, best, lower) for r in level.ranked}
+    return {r.config_label: score(r.objective, best, lower) for r in level.ranked}
 
 
-def _mix(scores: dict[str, float], weights: dict[str, float]) -> float:
+def mix(scores: dict[str, float], weights: dict[str, float]) -> float:
+    """The weighted mean of per-level scores."""
     return sum(weights[level] * scores[level] for level in weights) / sum(weights.values())
 
 
-def _best_static(levels: dict[str, LevelChoice], weights: dict[str, float], lower: bool) -> StaticChoice:
+def best_chain_static(
+    selection: Selection, shapes: dict[str, ConfigShape], weights: dict[str, float]
+) -> StaticChoice | None:
+    """The static config best over ``weights`` among the topk-1 chains and the baseline (the configs an
+    adaptive schedule switches between); None when none of them is ranked at every weighted level."""
+    levels = {level.load_level: level for level in selection.levels}
+    eligible = {label for label, shape in shapes.items() if shape.is_baseline or shape.is_chain}
+    try:
+        return _best_static(levels, weights, selection.better == "lower", eligible)
+    except ResultsError:
+        return None
+
+
+def _best_static(
+    levels: dict[str, LevelChoice], weights: dict[str, float], lower: bool, only: set[str] | None = None
+) -> StaticChoice:
     per_level = {level: _level_scores(levels[level], lower) for level in weights}
     candidates = set.intersection(*(set(scores) for scores in per_level.values()))
+    if only is not None:
+        candidates &= only
     if not candidates:
         raise ResultsError(
             "no config meets every SLO at every weighted load level",
@@ -150,7 +193,7 @@ def _best_static(levels: dict[str, LevelChoice], weights: dict[str, float], lowe
     choices = [
         StaticChoice(
             label,
-            _mix({lv: per_level[lv][label] for lv in weights}, weights),
+            mix({lv: per_level[lv][label] for lv in weights}, weights),
             {lv: per_level[lv][label] for lv in weights},
         )
         for label in sorted(candidates)
@@ -182,8 +225,9 @@ def _adaptive(
     if not chains:
         return None, "no topk-1 chain wins any weighted level: deploy without speculation"
     deepest = max(chains, key=lambda s: s.steps or 0)
+    thresholds = batch_thresholds({level: int(concurrency[level]) for level in chosen})  # type: ignore[arg-type]
     steps = {
-        int(concurrency[level]): (shapes[r.config_label].steps or 0) if shapes[r.config_label].is_chain else 0  # type: ignore[arg-type]
+        thresholds[level]: (shapes[r.config_label].steps or 0) if shapes[r.config_label].is_chain else 0
         for level, r in chosen.items()
     }
     scores = {level: _level_scores(levels[level], lower)[r.config_label] for level, r in chosen.items()}
@@ -194,8 +238,9 @@ def _adaptive(
     }
     adaptive = AdaptiveChoice(
         steps_by_batch_size=dict(sorted(steps.items())),
+        thresholds=thresholds,
         chosen={level: r.config_label for level, r in chosen.items()},
-        mix_score=_mix(scores, weights),
+        mix_score=mix(scores, weights),
         level_scores=scores,
         gives_up=gives_up,
         chain_label=deepest.config_label,

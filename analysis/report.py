@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from analysis.capacity import CapacityChoice
+    from analysis.confirmation import Confirmation
 
 # Every plot the report draws: element id -> caption. Tests check each is present.
 PLOTS: dict[str, str] = {
@@ -67,6 +68,7 @@ def render_report(
     con: duckdb.DuckDBPyConnection,
     selection: Selection,
     server_series: tuple[tuple[str, str], ...] = (),
+    confirmation: Confirmation | None = None,
 ) -> str:
     """The report page for ``selection`` over the results behind ``con``. ``server_series`` are the
     ``server_metrics`` samples to plot over time as (metric name, axis label): the server's names are
@@ -79,7 +81,7 @@ def render_report(
         _winners(selection),
         _tables(selection),
         _categories(con),
-        _deployment(con, selection),
+        _deployment(con, selection, confirmation),
         _capacity(con, colors),
         _figure("plot-throughput", _throughput_plot(con, colors)),
         _figure("plot-tpot", _tpot_plot(con, colors)),
@@ -298,24 +300,17 @@ def _capacity_plot(
     return _svg(fig)
 
 
-def _mix_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
-    """The spec's ``deploy_weights`` (None: every level alike), read from the sweep row's YAML."""
-    import yaml
-
-    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
-    spec = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
-    weights = spec.get("deploy_weights") if isinstance(spec, dict) else None
-    return {str(k): float(v) for k, v in weights.items()} if isinstance(weights, dict) and weights else None
-
-
-def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
-    """One server for all the load: the static config best over the mix, and the adaptive schedule."""
-    from analysis.deploy import config_shapes, level_concurrency, plan_deployment
+def _deployment(
+    con: duckdb.DuckDBPyConnection, selection: Selection, confirmation: Confirmation | None
+) -> str:
+    """One server for all the load: the static config best over the mix, the adaptive schedule, and
+    the adaptive server as the confirmation job measured it."""
+    from analysis.deploy import config_shapes, level_concurrency, plan_deployment, spec_weights
 
     parts = ["<section id='deploy'><h2>One server for every load level</h2>"]
     concurrency = level_concurrency(con)
     try:
-        plan = plan_deployment(selection, config_shapes(con), concurrency, _mix_weights(con))
+        plan = plan_deployment(selection, config_shapes(con), concurrency, spec_weights(con))
     except ResultsError as err:
         parts.append(f"<p class='note'>{html.escape(err.problem)}</p></section>")
         return "".join(parts)
@@ -323,9 +318,11 @@ def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
     parts.append(
         f"<p>Load mix: {html.escape(weights)}. Best static config: "
         f"<b>{html.escape(plan.static.config_label)}</b>, {plan.static.mix_score:.3f} of the per-level best "
-        f"on the mix. Recommended: <b>{plan.recommended}</b> (<code>specsweep best --emit DIR</code> writes "
-        "the launch).</p>"
+        f"on the mix. Recommended: <b>{confirmation.recommended if confirmation else plan.recommended}</b> "
+        "(<code>specsweep best --emit DIR</code> writes the launch).</p>"
     )
+    if confirmation is not None:
+        parts.append(_confirmation_table(confirmation))
     if plan.adaptive is None:
         parts.append(
             f"<p class='note'>No adaptive schedule: {html.escape(plan.adaptive_note or '')}</p></section>"
@@ -333,8 +330,9 @@ def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         return "".join(parts)
     steps = plan.adaptive.steps_by_batch_size
     by_size = sorted(plan.adaptive.chosen.items(), key=lambda item: concurrency[item[0]] or 0)
+    thresholds = plan.adaptive.thresholds
     rows = "".join(
-        f"<tr><td>{concurrency[level]}</td><td>{steps[concurrency[level] or 0]}</td>"
+        f"<tr><td>{thresholds[level]}</td><td>{concurrency[level]}</td><td>{steps[thresholds[level]]}</td>"
         f"<td class='label'>{html.escape(label)}</td>"
         f"<td class='label'>{html.escape(plan.adaptive.gives_up.get(level, ''))}</td></tr>"
         for level, label in by_size
@@ -342,10 +340,33 @@ def _deployment(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
     parts.append(
         f"<p>Adaptive schedule (<code>--speculative-adaptive</code>, expected {plan.adaptive.mix_score:.3f} "
         "of the per-level best on the mix):</p><table class='adaptive-schedule'><tr><th>batch size &ge;</th>"
-        f"<th>draft steps</th><th class='label'>as measured by</th><th class='label'>gives up</th></tr>{rows}"
+        f"<th>level's concurrency</th><th>draft steps</th><th class='label'>as measured by</th><th class='label'>gives up</th></tr>{rows}"
         "</table></section>"
     )
     return "".join(parts)
+
+
+def _confirmation_table(confirmation: Confirmation) -> str:
+    """The confirmation job per level against the winner and the best topk-1 chain, and on the mix."""
+    rows = "".join(
+        f"<tr><td class='label'>{html.escape(lc.load_level)}</td><td>{_fmt(lc.objective)}</td>"
+        f"<td>{_ci(lc.objective_ci)}</td><td class='label'>{html.escape(lc.winner_label)}</td>"
+        f"<td>{lc.of_winner:.3f}</td><td class='label'>{html.escape(lc.best_chain_label or '-')}</td>"
+        f"<td>{_fmt(lc.of_best_chain)}</td><td class='label'>{html.escape(lc.gives_up or '')}</td></tr>"
+        for lc in confirmation.levels
+    )
+    chain = confirmation.chain_static
+    chain_text = (
+        f"; best static topk-1 {html.escape(chain.config_label)} {chain.mix_score:.3f}" if chain else ""
+    )
+    return (
+        f"<p>Measured adaptive server (confirmation job, {html.escape(confirmation.schedule)}): "
+        f"{confirmation.mix_score:.3f} {_ci(confirmation.mix_ci)} of the per-level best on the mix; best static "
+        f"{html.escape(confirmation.static.config_label)} {confirmation.static.mix_score:.3f}{chain_text}.</p>"
+        "<table class='confirmation'><tr><th class='label'>level</th><th>adaptive</th><th>interval</th>"
+        "<th class='label'>winner</th><th>of winner</th><th class='label'>best topk-1</th>"
+        f"<th>of best topk-1</th><th class='label'>gives up</th></tr>{rows}</table>"
+    )
 
 
 def _fmt(value: float | None) -> str:

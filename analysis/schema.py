@@ -277,6 +277,7 @@ class JobRecord:
     error_class: str | None
     error_message: str | None
     config_label: str  # "baseline", "chain d=4", "tree s=3 k=4 n=8", ...
+    role: str  # "sweep" (a grid point), "confirmation" (the adaptive schedule built from the sweep)
     repeat_index: int
     gpus: int
     model_path: str | None
@@ -312,6 +313,7 @@ JOBS_SCHEMA = pa.schema(
         pa.field("error_class", pa.string()),
         pa.field("error_message", pa.string()),
         pa.field("config_label", pa.string(), nullable=False),
+        pa.field("role", pa.string(), nullable=False),
         pa.field("repeat_index", pa.int32(), nullable=False),
         pa.field("gpus", pa.int32(), nullable=False),
         pa.field("model_path", pa.string()),

@@ -60,6 +60,7 @@ DEFAULT_OBJECTIVE = "output_tok_s_per_gpu"
 DEFAULT_MAX_ERROR_RATE = 0.01
 ERROR_RATE = "error_rate"
 DEFAULT_CONFIDENCE = 0.95
+SWEEP_ROLES = ("sweep",)  # jobs.role of the grid points (a confirmation launch is ranked on request)
 # Objectives by what a team asks for: tokens served, requests served within the SLOs, a user's wait.
 OBJECTIVE_ALIASES: dict[str, str] = {
     "throughput": "output_tok_s_per_gpu",
@@ -179,9 +180,12 @@ def select_best(
     seed: int = 0,
     allow_partial: bool = False,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+    roles: tuple[str, ...] = SWEEP_ROLES,
 ) -> Selection:
     """Rank configs per level; see the module docstring for the statistics. A config whose error rate
-    at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason."""
+    at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason. ``roles``:
+    the jobs ranked (default the sweep's grid points; add "confirmation" to rank the adaptive launch
+    beside them)."""
     out = as_store(out)
     metrics = {**METRICS_BY_NAME, **goodput_metrics(request_slos)}
     metric = _objective_metric(objective, metrics)
@@ -198,7 +202,7 @@ def select_best(
         )
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
-    runs_by_level = _load_runs(con, out, metric, slos, request_slos)
+    runs_by_level = _load_runs(con, out, metric, slos, request_slos, roles)
     if not runs_by_level and con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
         raise ResultsError(
             "the sweep ran capacity searches only, no fixed load levels",
@@ -327,14 +331,17 @@ def _load_runs(
     metric: Metric,
     slos: tuple[Slo, ...],
     request_slos: tuple[Slo, ...],
+    roles: tuple[str, ...],
 ) -> dict[str, list[_Run]]:
-    """Done jobs' level rows, keyed by load level, with goodput under ``request_slos`` when given."""
+    """Done jobs' level rows of ``roles``, keyed by load level, with goodput under ``request_slos``."""
     columns = sorted({metric.name, ERROR_RATE, *(s.metric for s in slos)} - set(GOODPUT_METRICS))
     selected = ", ".join(f"r.{c}" for c in columns)
-    rows = con.sql(
+    rows = con.execute(
         f"SELECT r.load_level, r.job_id, r.config_label, r.effective_speculative_algorithm IS NULL, "
         f"r.duration_s, r.gpus, r.launch_command, j.sglang_argv, {selected} "
-        "FROM results r JOIN jobs j USING (sweep_id, job_id) ORDER BY r.config_label, r.repeat_index"
+        "FROM results r JOIN jobs j USING (sweep_id, job_id) WHERE r.role IN (SELECT unnest(?)) "
+        "ORDER BY r.config_label, r.repeat_index",
+        [list(roles)],
     ).fetchall()
     good = _good_counts(con, out, {row[1] for row in rows}, request_slos) if request_slos else {}
     runs: dict[str, list[_Run]] = {}

@@ -285,6 +285,7 @@ def _job_record(
         error_class="ServerStartupError" if failed else None,
         error_message="server exited with code 1 during startup (CUDA out of memory)" if failed else None,
         config_label=cfg.label,
+        role="sweep",
         repeat_index=repeat,
         gpus=cfg.gpus,
         model_path=sweep.model_path,

@@ -13,8 +13,9 @@ Views (columns as documented in ``docs/results.md``):
 - ``levels``, ``requests``: rows of committed jobs only (semi-join on ``jobs``), so a crash between
   the driver's renames never shows partial data. ``requests`` gains ``sweep_id`` and ``job_id``
   from its hive partition directories.
-- ``results``: ``levels`` of jobs with status done, joined with their config (label, repeat,
-  effective speculative settings, launch command): one row per config run x load level.
+- ``results``: ``levels`` of jobs with status done, joined with their config (label, role, repeat,
+  effective speculative settings, launch command): one row per config run x load level. ``role`` is
+  ``sweep`` for grid points and ``confirmation`` for the adaptive schedule's confirmation launch.
 - ``request_metrics``: ``requests`` plus ``ok`` (error_type is null) and ``accept_length``
   (completion_tokens / spec_verify_ct).
 - ``acceptance_by_position``: per job x level x draft position k >= 1, the fraction of verify steps
@@ -88,7 +89,7 @@ VIEW_NAMES: tuple[str, ...] = (
 )
 
 _RESULTS_SQL = """
-SELECT l.*, j.config_label, j.repeat_index, j.status,
+SELECT l.*, j.config_label, j.role, j.repeat_index, j.status,
        j.effective_speculative_algorithm, j.effective_speculative_num_steps,
        j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens,
        j.effective_max_running_requests, j.launch_command

@@ -33,6 +33,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from harness.confirm import confirmation_job_id, plan_confirmation
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
 from harness.queue import JobQueue, Lease
@@ -262,8 +263,8 @@ class Driver:
             if self.search is not None:  # a resume first runs what the last driver had queued
                 slots = max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf))
                 self._ask_search(slots - self.queue.counts()["pending"])
-            if self.queue.counts()["pending"] == 0:  # a resume of a finished sweep
-                return SweepSummary(self.queue.counts(), interrupted=False)
+            if self.queue.counts()["pending"] == 0 and not self._queue_confirmation():
+                return SweepSummary(self.queue.counts(), interrupted=False)  # a resume of a finished sweep
             self._create_slots()
             return self._loop()
         finally:
@@ -330,6 +331,8 @@ class Driver:
             if self.search is not None and counts["pending"] == 0:
                 counts = self._ask_search(sum(1 for s in self.slots if s.state == "idle"))
             if counts["pending"] == 0 and not any(s.state == "busy" for s in self.slots):
+                if self._queue_confirmation():
+                    continue
                 return SweepSummary(counts, interrupted=False)
             self._dispatch()
             self._wait_and_handle()
@@ -386,6 +389,27 @@ class Driver:
         if not jobs and decision.finished:
             self.progress.event(f"search: {decision.reason}")
         return self.queue.counts()
+
+    def _queue_confirmation(self) -> bool:
+        """Once the sweep's own jobs are settled, queue the adaptive schedule's confirmation job (when the
+        spec asks for it and the queue does not hold it yet: harness.confirm); True when queued now."""
+        if not self.spec.confirm_adaptive:
+            return False
+        job_id = confirmation_job_id(self.plan.sweep_id)
+        if any(row.id == job_id for row in self.queue.jobs()):
+            return False
+        confirmation = plan_confirmation(self.spec, self.plan, self.out.store)
+        if confirmation.job is None:
+            self.progress.event(f"confirmation: none ({confirmation.note})")
+            self.queue.event("confirmation_skipped", confirmation.note)
+            return False
+        job = confirmation.job
+        self.queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json())])
+        self.jobs[job.job_id] = job
+        self.progress.event(
+            f"confirmation: launch the adaptive schedule ({confirmation.note}) ({job.job_id})"
+        )
+        return True
 
     @staticmethod
     def _attempt_budget(job: JobSpec) -> float:

@@ -32,6 +32,7 @@ from workers.sglang.validate import validate
 if TYPE_CHECKING:
     import duckdb
 
+    from analysis.confirmation import Confirmation
     from analysis.select import Selection
 
 CONVERSION_REPORT = "conversion.json"  # what `specsweep convert` writes next to the converted weights
@@ -44,8 +45,10 @@ def emit(
     *,
     publish_drafter: str | None = None,
     use_resolver: bool = True,
+    confirmation: Confirmation | None = None,
 ) -> dict[str, Any]:
-    """Plan the deployment of ``selection``'s sweep, write the files into ``dest``, return deploy.json's object."""
+    """Plan the deployment of ``selection``'s sweep, write the files into ``dest``, return deploy.json's
+    object. With a measured ``confirmation`` the recommendation follows its measured mix score."""
     spec = _sweep_spec(con)
     deployment = plan_deployment(
         selection, config_shapes(con), level_concurrency(con), spec.deploy_weights or None
@@ -68,7 +71,8 @@ def emit(
         "slos": list(selection.slos),
         "request_slos": list(selection.request_slos),
         "weights": deployment.weights,
-        "recommended": deployment.recommended,
+        "recommended": confirmation.recommended if confirmation else deployment.recommended,
+        "confirmation": dataclasses.asdict(confirmation) if confirmation else None,
         "static": {
             **dataclasses.asdict(deployment.static),
             "argv": sglang_deploy.command(python, static_args),
@@ -92,7 +96,9 @@ def emit(
             "argv": sglang_deploy.command(python, adaptive_args),
             "validation": check(adaptive_args, config_path),
         }
-    chosen = result[deployment.recommended]["argv"]
+    if result["adaptive"] is None:
+        result["recommended"] = "static"
+    chosen = result[result["recommended"]]["argv"]
     write_local_atomic(dest / "launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
     write_local_atomic(dest / "deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
     return result
@@ -112,7 +118,8 @@ def _sweep_spec(con: duckdb.DuckDBPyConnection) -> SweepSpec:
 def _measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     """Per config label, the SGLang arguments its first done job ran with."""
     rows = con.sql(
-        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs WHERE status = 'done' GROUP BY 1"
+        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs "
+        "WHERE status = 'done' AND role = 'sweep' GROUP BY 1"
     ).fetchall()
     return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
 

@@ -184,6 +184,14 @@ class SweepSpec(StrictModel):
         '"concurrency=16": 0.5); empty = every level alike. Not part of the sweep id.',
     )
 
+    confirm_adaptive: bool = Field(
+        default=False,
+        description="After the sweep's launches, launch the adaptive schedule `best --emit` builds from the "
+        "per-level winners among topk-1 chains (and the baseline) on the same load levels: one more job "
+        "(jobs.role = confirmation) that `best` and `report` compare with the per-level winners "
+        "(`specsweep run --confirm` sets it). Not part of the sweep id.",
+    )
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> SweepSpec:
         for check in SPEC_CHECKS:
@@ -194,7 +202,10 @@ class SweepSpec(StrictModel):
         """Stable id of what the sweep measures (the output directory is not part of it)."""
         # The default search is left out, so sweeps started before the field existed keep their id; the
         # analysis fields say how to read results, not what to measure.
-        exclude = {"output_dir", *ANALYSIS_FIELDS} | ({"search"} if self.search == SearchSpec() else set())
+        # The confirmation adds a launch after the sweep's own; it changes none of them.
+        exclude = {"output_dir", "confirm_adaptive", *ANALYSIS_FIELDS} | (
+            {"search"} if self.search == SearchSpec() else set()
+        )
         canonical = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 

@@ -18,8 +18,11 @@ from specsweep.error_classes import ErrorClass
 from specsweep.errors import ResultsError
 from workers.load.workloads import RandomIdsWorkload, Workload
 from workers.sglang import SpecParams
+from workers.sglang import deploy as sglang_deploy
 
 Engine = Literal["sglang", "sim"]  # which server a job launches: SGLang, or the simulated one
+# What a job is for: a sweep point, or the confirmation of the adaptive schedule built from the sweep.
+Role = Literal["sweep", "confirmation"]
 PositiveInt = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -366,11 +369,24 @@ class JobSpec(BaseModel):
     timeouts: Timeouts
     seed: int
     telemetry: TelemetrySpec = TelemetrySpec()
+    role: Role = "sweep"
+    # A confirmation job's adaptive schedule: (batch-size threshold, draft steps) pairs, 0 = no drafting.
+    adaptive_steps: tuple[tuple[int, int], ...] = ()
 
-    def launch_args(self, draft_path: str | None) -> list[str]:
+    def launch_args(self, draft_path: str | None, adaptive_config_path: str | None = None) -> list[str]:
         """SGLang arguments of this job's server (without --host/--port), with the drafter at
-        ``draft_path`` (the node's converted copy)."""
-        return launch_args(self.base_args, self.model_path, self.effective, draft_path)
+        ``draft_path`` (the node's converted copy) and, for an adaptive schedule, its config file at
+        ``adaptive_config_path`` (written there from ``adaptive_config()``)."""
+        args = launch_args(self.base_args, self.model_path, self.effective, draft_path)
+        if not self.adaptive_steps:
+            return args
+        if adaptive_config_path is None:
+            raise ValueError("an adaptive job needs the path of its --speculative-adaptive-config file")
+        return sglang_deploy.adaptive_args(args, dict(self.adaptive_steps), adaptive_config_path)
+
+    def adaptive_config(self) -> dict[str, Any]:
+        """The --speculative-adaptive-config JSON of this job's schedule."""
+        return sglang_deploy.adaptive_config(dict(self.adaptive_steps))
 
 
 def launch_args(

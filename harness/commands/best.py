@@ -15,7 +15,9 @@ CAPACITY = "capacity"  # --objective capacity: rank by the capacity search's res
 if TYPE_CHECKING:
     import duckdb
 
+    from analysis.confirmation import Confirmation
     from analysis.select import LevelChoice, Selection
+    from analysis.slo import Slo
     from analysis.store import ResultStore
 
 
@@ -107,18 +109,13 @@ def selection_from_args(
     args: argparse.Namespace, store: ResultStore
 ) -> tuple[duckdb.DuckDBPyConnection, Selection]:
     """Open OUT (``store``) and run the selection the flags ask for (shared with ``report``)."""
-    from analysis.goodput import parse_request_slos
-    from analysis.select import SLO_METRICS, select_best
-    from analysis.slo import parse_slos
+    from analysis.select import select_best
     from analysis.views import connect, readable_results
 
-    slos = parse_slos(args.slo, SLO_METRICS)
+    slos = _slos(args)
     with readable_results(store):
         con = connect(store)
-        if args.request_slo is not None:
-            request_slos = parse_request_slos(args.request_slo)
-        else:
-            request_slos = parse_request_slos(_spec_request_slo(con), where="the sweep spec's request_slo")
+        request_slos = _request_slos(args, con)
         selection = select_best(
             con,
             store,
@@ -133,6 +130,55 @@ def selection_from_args(
             max_error_rate=args.max_error_rate,
         )
     return con, selection
+
+
+def confirmation_from_args(
+    args: argparse.Namespace, store: ResultStore, con: duckdb.DuckDBPyConnection, selection: Selection
+) -> Confirmation | None:
+    """The confirmation job measured against ``selection`` (ranked again with it, under the same flags);
+    None when the sweep has no finished confirmation job or ``--at`` picks one level."""
+    from analysis.confirmation import CONFIRMATION_ROLE, confirm, confirmation_label
+    from analysis.deploy import config_shapes, level_concurrency, spec_weights
+    from analysis.select import SWEEP_ROLES, select_best
+    from analysis.views import readable_results
+
+    found = confirmation_label(con)
+    if found is None or args.at is not None:
+        return None
+    with readable_results(store):
+        with_confirmation = select_best(
+            con,
+            store,
+            objective=args.objective,
+            slos=_slos(args),
+            request_slos=_request_slos(args, con),
+            replicates=args.bootstrap,
+            confidence=args.confidence,
+            seed=args.seed,
+            allow_partial=args.allow_partial,
+            max_error_rate=args.max_error_rate,
+            roles=(*SWEEP_ROLES, CONFIRMATION_ROLE),
+        )
+        label, schedule = found
+        return confirm(
+            selection, with_confirmation, label, schedule, config_shapes(con), level_concurrency(con),
+            spec_weights(con),
+        )  # fmt: skip
+
+
+def _slos(args: argparse.Namespace) -> tuple[Slo, ...]:
+    from analysis.select import SLO_METRICS
+    from analysis.slo import parse_slos
+
+    return parse_slos(args.slo, SLO_METRICS)
+
+
+def _request_slos(args: argparse.Namespace, con: duckdb.DuckDBPyConnection) -> tuple[Slo, ...]:
+    from analysis.goodput import parse_request_slos
+
+    if args.request_slo is not None:
+        return parse_request_slos(args.request_slo)
+    return parse_request_slos(_spec_request_slo(con), where="the sweep spec's request_slo")
 
 
 def _spec_request_slo(con: duckdb.DuckDBPyConnection) -> str:
@@ -150,19 +196,35 @@ def _spec_request_slo(con: duckdb.DuckDBPyConnection) -> str:
 def run(args: argparse.Namespace) -> int:
     from analysis.store import open_store
 
+    store = open_store(args.out)
     if args.objective == CAPACITY:
-        return _run_capacity(args, open_store(args.out))
-    con, selection = selection_from_args(args, open_store(args.out))
+        return _run_capacity(args, store)
+    con, selection = selection_from_args(args, store)
+    confirmation = confirmation_from_args(args, store, con, selection)
     deployment = None
     if args.emit is not None:
         from harness.emit import emit
 
-        deployment = emit(con, selection, args.emit, publish_drafter=args.publish_drafter)
+        deployment = emit(
+            con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
+        )
     con.close()
     if args.json:
-        print(json.dumps({**dataclasses.asdict(selection), "deploy": deployment}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    **dataclasses.asdict(selection),
+                    "confirmation": dataclasses.asdict(confirmation) if confirmation else None,
+                    "deploy": deployment,
+                },
+                indent=2,
+                default=str,
+            )
+        )
     else:
         print(format_selection(selection))
+        if confirmation is not None:
+            print(format_confirmation(confirmation, selection))
         if deployment is not None:
             from harness.emit import describe
 
@@ -259,6 +321,41 @@ def format_selection(selection: Selection) -> str:
             )
         if level.winner is not None:
             lines.append(f"   launch: {level.winner.launch_command or '(unknown)'}")
+    return "\n".join(lines)
+
+
+def format_confirmation(confirmation: Confirmation, selection: Selection) -> str:
+    """The measured adaptive server against the per-level winners and on the load mix."""
+    lines = [
+        "",
+        f"== confirmation: {confirmation.config_label!r} ({confirmation.schedule}), measured on every level",
+    ]
+    for lc in confirmation.levels:
+        chain = (
+            f"; {lc.of_best_chain:.3f} of the best topk-1 chain or baseline {lc.best_chain_label!r}"
+            if lc.of_best_chain is not None
+            else ""
+        )
+        ci = f" [{lc.objective_ci.low:.4g}, {lc.objective_ci.high:.4g}]" if lc.objective_ci else ""
+        lines.append(
+            f"   {lc.load_level}: {selection.objective} {_num(lc.objective, 6)}{ci}, "
+            f"{lc.of_winner:.3f} of the winner {lc.winner_label!r}{chain}"
+        )
+        if lc.gives_up:
+            lines.append(f"      gives up: {lc.gives_up}")
+    mix_ci = (
+        f" [{confirmation.mix_ci.low:.3f}, {confirmation.mix_ci.high:.3f}]" if confirmation.mix_ci else ""
+    )
+    lines.append(
+        f"   load mix {confirmation.weights}: adaptive {confirmation.mix_score:.3f}{mix_ci} of the per-level best; "
+        f"best static {confirmation.static.config_label!r} {confirmation.static.mix_score:.3f}"
+        + (
+            f"; best static topk-1 {confirmation.chain_static.config_label!r} {confirmation.chain_static.mix_score:.3f}"
+            if confirmation.chain_static
+            else ""
+        )
+    )
+    lines.append(f"   recommended: {confirmation.recommended} (the higher measured mix score)")
     return "\n".join(lines)
 
 

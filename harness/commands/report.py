@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from harness.commands.base import Command
-from harness.commands.best import add_selection_arguments, selection_from_args
+from harness.commands.best import add_selection_arguments, confirmation_from_args, selection_from_args
 from specsweep.errors import ResultsError, disk_full_error, is_disk_full
 
 REPORT = "report.html"
@@ -51,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
         )
     con, selection = selection_from_args(args, store)
     try:
+        confirmation = confirmation_from_args(args, store, con, selection)
         with readable_results(store):
-            html = render_report(con, selection, server_timeline())
+            html = render_report(con, selection, server_timeline(), confirmation)
     finally:
         con.close()
     if target is None:  # OUT is an object store: the report goes next to the results

@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run the valid points even when validation dropped some (default: refuse, listing why)",
     )
+    parser.add_argument(
+        "--confirm",
+        action="store_true",
+        help="after the sweep, launch the adaptive schedule built from its per-level winners on the same "
+        "load levels (the spec's confirm_adaptive; also adds it to a finished sweep with --resume)",
+    )
     add_validation_arguments(parser)
 
 
@@ -60,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.results import output_for
 
     spec, text = load_spec(args.spec)
+    if args.confirm:
+        spec = spec.model_copy(update={"confirm_adaptive": True})
     location = args.out or spec.output_dir
     out = output_for(location, args.state_dir)  # a malformed URI is refused before planning
     check_prompt_set(spec)
@@ -95,6 +103,8 @@ def resume_command(args: argparse.Namespace, out: str | Path) -> str:
     """The command that continues this sweep: the same spec, OUT, state directory and Ray address, plus
     --resume."""
     argv = ["specsweep", "run", args.spec, "--out", str(out), "--resume"]
+    if getattr(args, "confirm", False):
+        argv.append("--confirm")
     if getattr(args, "state_dir", None):
         argv += ["--state-dir", args.state_dir]
     if args.ray_address != "auto":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import shutil
 import subprocess
@@ -113,15 +115,20 @@ def test_pareto_front_keeps_undominated_points_when_mixed() -> None:
 
 def test_render_report_shows_adaptive_schedule_when_chains_win_levels(report) -> None:  # type: ignore[no-untyped-def]
     """The report's deploy section names the static config best over the load mix and the adaptive
-    schedule: one row per measured concurrency with the winning chain depth, 0 where the baseline wins."""
+    schedule: one row per measured concurrency (from the batch size its depth serves) with the winning
+    chain depth, 0 where the baseline wins."""
     _, page, selection = report
     assert "<section id='deploy'>" in page and "Best static config" in page
     schedule = page.split("class='adaptive-schedule'")[1].split("</table>")[0]
+    levels = sorted(int(level.load_level.split("=")[1]) for level in selection.levels)
+    thresholds = dict(
+        zip(levels, [1] + [math.ceil(math.sqrt(a * b)) for a, b in itertools.pairwise(levels)], strict=True)
+    )
     for level in selection.levels:
         winner = level.winner.config_label
-        concurrency = level.load_level.split("=")[1]
+        concurrency = int(level.load_level.split("=")[1])
         steps = "0" if winner == "baseline" else None
-        row = f"<tr><td>{concurrency}</td><td>"
+        row = f"<tr><td>{thresholds[concurrency]}</td><td>{concurrency}</td><td>"
         assert row in schedule
         if steps is not None:
             assert f"{row}{steps}</td>" in schedule

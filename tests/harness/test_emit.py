@@ -84,7 +84,7 @@ def test_best_emit_writes_portable_launch_and_adaptive_schedule_sglang_routes_wh
         "concurrency=64": "baseline",
     }
     assert json.loads((dest / "adaptive.json").read_text()) == {
-        "1": {"candidate_steps": [3]}, "16": {"candidate_steps": [3]}, "64": {"candidate_steps": [0]},
+        "1": {"candidate_steps": [3]}, "4": {"candidate_steps": [3]}, "32": {"candidate_steps": [0]},
     }  # fmt: skip
     assert adaptive["validation"]["status"] == "ok"
     assert adaptive["validation"]["checked_by"] == ["builtin", "sglang 0.5.23"]
@@ -107,7 +107,7 @@ def test_best_emit_writes_portable_launch_and_adaptive_schedule_sglang_routes_wh
         capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
     steps = json.loads(routed.stdout.strip().splitlines()[-1])
-    assert steps == {"1": 3, "8": 3, "16": 3, "40": 3, "64": 0, "200": 0}
+    assert steps == {"1": 3, "8": 3, "16": 3, "40": 0, "64": 0, "200": 0}
 
 
 def test_plan_deployment_reports_what_schedule_gives_up_when_tree_wins_level(tmp_path: Path) -> None:

@@ -194,14 +194,14 @@ class NodeWorker:
         self._preflight()
         _check_prompts(job)
         draft_path = self._drafter(job)
+        log_path = layout.server_log(self.out, job.job_id, state.attempt)
         config = ServerConfig(
             engine=job.engine,
             python=python_for(job.engine, job.sglang_python),
-            args=tuple(job.launch_args(draft_path)),
+            args=tuple(job.launch_args(draft_path, self._adaptive_config_file(job, log_path.parent))),
             env=self._server_env(job, state.attempt),
         )
         port = pick_free_port(config.host)
-        log_path = layout.server_log(self.out, job.job_id, state.attempt)
         server = start_server(config, port, log_path)
         with self._server_lock:
             self._server = server
@@ -348,6 +348,18 @@ class NodeWorker:
         self.pid_file.kill_leftover()
         if self.gpu_ids:
             check_gpus_idle(self.gpu_ids)
+
+    @staticmethod
+    def _adaptive_config_file(job: JobSpec, directory: Path) -> str | None:
+        """Write an adaptive job's --speculative-adaptive-config beside its server log; its path."""
+        if not job.adaptive_steps:
+            return None
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "adaptive.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(job.adaptive_config(), indent=2) + "\n")
+        tmp.replace(path)
+        return str(path)
 
     def _drafter(self, job: JobSpec) -> str | None:
         """The node-local converted drafter (converted once per node: the converter's cache)."""

@@ -51,6 +51,7 @@ def job_record(
         error_class=None if error_class is None else error_class.value,
         error_message=error_message,
         config_label=job.config_label,
+        role=job.role,
         repeat_index=job.repeat_index,
         gpus=job.gpus,
         model_path=job.model_path,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.sim.adaptive import AdaptiveSchedule
 from workers.sim.faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line
 from workers.sim.model import (
     DraftShape,
@@ -126,6 +127,7 @@ class SpecCounters:
     window_accept_tokens: int = 0
     window_correct_drafts: int = 0
     window_forward_ct: int = 0
+    window_proposed_drafts: int = 0
     total_accept_tokens: int = 0
     total_forward_ct: int = 0
     verify_calls_total: int = 0
@@ -148,10 +150,12 @@ class SimEngine:
         on_finish: Callable[[SimRequest], None] | None = None,
         *,
         drafts_always_rejected: bool = False,
+        adaptive: AdaptiveSchedule | None = None,
     ) -> None:
         self.settings = settings
         self.profile: SimProfile = settings.profile
-        self.shape = shape
+        self.shape = shape  # the launch's shape; an adaptive server drafts a prefix of its chain per batch
+        self.adaptive = adaptive
         self.max_running = max_running_requests
         self.on_finish = on_finish
         self.drafts_always_rejected = drafts_always_rejected
@@ -278,9 +282,18 @@ class SimEngine:
                 await timer.sleep_until(deadline)
                 self._finish_prefill(admitted, deadline)
             else:
-                deadline += round(decode_step_seconds(self.profile, self.shape, len(self.running)) * scale_ns)
+                shape = self._decode_shape(len(self.running))
+                deadline += round(decode_step_seconds(self.profile, shape, len(self.running)) * scale_ns)
                 await timer.sleep_until(deadline)
-                await self._finish_decode(deadline)
+                await self._finish_decode(deadline, shape)
+
+    def _decode_shape(self, batch: int) -> DraftShape | None:
+        """The shape this decode iteration drafts: the launch's, or the adaptive slot's depth as a topk-1
+        chain (SGLang's activate_step_by_batch); depth 0 decodes without drafting."""
+        if self.adaptive is None or self.shape is None:
+            return self.shape
+        steps = self.adaptive.steps_for_batch(batch)
+        return DraftShape(steps, 1, steps + 1) if steps > 0 else None
 
     def _finish_prefill(self, admitted: list[SimRequest], scheduled_ns: int) -> None:
         for request in admitted:
@@ -290,14 +303,19 @@ class SimEngine:
             if request.finish_reason is None:
                 self.running.append(request)
 
-    async def _finish_decode(self, scheduled_ns: int) -> None:
-        """Every running request gets one verify step. As in SGLang, the speculative counters (per request
-        and server-wide) count the whole accepted run, even where max_new_tokens or a stop cuts the
-        output short; completion_tokens counts what was kept."""
+    async def _finish_decode(self, scheduled_ns: int, shape: DraftShape | None) -> None:
+        """Every running request gets one verify step of ``shape``. As in SGLang, the speculative counters
+        (per request and server-wide) count the whole accepted run, even where max_new_tokens or a stop
+        cuts the output short; completion_tokens counts what was kept. An adaptive server then feeds
+        the step's accepted drafts per request to the batch's slot."""
         batch = self.running
         counters = self.counters
+        depth = shape.num_steps if shape is not None else 0
+        proposed = shape.num_draft_tokens - 1 if shape is not None else 0
+        accepted: list[int] = []
         for request in batch:
-            drafts = sample_accepted_drafts(request.probs, request.rng) if self.shape else 0
+            drafts = sample_accepted_drafts(request.probs[:depth], request.rng) if shape else 0
+            accepted.append(drafts)
             request.append(1 + drafts)
             if self.shape:
                 request.verify_ct += 1
@@ -310,8 +328,11 @@ class SimEngine:
                     counters.window_accept_tokens += 1 + drafts
                     counters.window_correct_drafts += drafts
                     counters.window_forward_ct += 1
+                    counters.window_proposed_drafts += proposed
                     counters.verify_calls_total += 1
             self._publish(request, scheduled_ns)
+        if self.adaptive is not None and self.shape is not None:
+            self.adaptive.on_verify_complete(accepted, len(batch))
         self.running = [r for r in batch if r.finish_reason is None]
         self.decode_iterations += 1
         if self.shape and self.decode_iterations % DECODE_LOG_INTERVAL == 0:
@@ -335,11 +356,11 @@ class SimEngine:
         if not c.window_forward_ct:
             return
         c.last_accept_length = c.window_accept_tokens / c.window_forward_ct
-        drafts = c.window_forward_ct * (self.shape.num_draft_tokens - 1) if self.shape else 0
+        drafts = c.window_proposed_drafts
         c.last_accept_rate = c.window_correct_drafts / drafts if drafts else 0.0
         c.total_accept_tokens += c.window_accept_tokens
         c.total_forward_ct += c.window_forward_ct
-        c.window_accept_tokens = c.window_correct_drafts = c.window_forward_ct = 0
+        c.window_accept_tokens = c.window_correct_drafts = c.window_forward_ct = c.window_proposed_drafts = 0
         logger.info(
             log_line(
                 f"Decode batch, #running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, "

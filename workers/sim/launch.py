@@ -17,6 +17,8 @@ from workers.sglang import SpecParams, api, builtin_resolve, failures, parse_lau
 from workers.sglang.rules import Resolution, read_model_config
 from workers.sim.model import DraftShape
 
+ADAPTIVE_STARTUP_ERRORS = ("adaptive_config", "adaptive_steps")  # SGLang raises on these before serving
+
 
 class LaunchRefused(SpecsweepError):
     """SGLang would stop on this launch before serving; ``text`` is what it prints."""
@@ -40,6 +42,12 @@ class ServedConfig:
     model_path: str
     served_model_name: str
     target_config: dict[str, Any]
+
+    @property
+    def adaptive_config_path(self) -> str | None:
+        """--speculative-adaptive-config's file (None: SGLang's default table)."""
+        path = self.resolved_args.get(api.SPEC_ADAPTIVE_CONFIG)
+        return str(path) if path is not None else None
 
     @property
     def context_length(self) -> int:
@@ -83,6 +91,8 @@ def _refusal(res: Resolution) -> LaunchRefused | None:
                 message=finding.message,
             )
             return LaunchRefused(_resolution_traceback(line), exit_code=1)
+        if finding.code in ADAPTIVE_STARTUP_ERRORS:
+            return LaunchRefused(_resolution_traceback(f"ValueError: {finding.message}"), exit_code=1)
     return None
 
 

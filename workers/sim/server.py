@@ -28,6 +28,7 @@ import orjson
 from aiohttp import web
 
 from workers.sglang import SGLANG_VERSION, api
+from workers.sim.adaptive import AdaptiveSchedule
 from workers.sim.engine import Progress, SimEngine, SimRequest
 from workers.sim.faults import READY_LINE, log_line
 from workers.sim.launch import ServedConfig
@@ -147,12 +148,16 @@ class SimServer:
 
     async def _start(self, app: web.Application) -> None:
         shape = self.config.shape
+        adaptive = None
+        if shape is not None and self.config.spec.speculative_adaptive:
+            adaptive = AdaptiveSchedule.from_file(shape.num_steps, self.config.adaptive_config_path)
         self.engine = SimEngine(
             self.settings,
             shape,
             self.config.spec.max_running_requests,
             on_finish=self.metrics.observe_finished,
             drafts_always_rejected=self.config.drafts_always_rejected,
+            adaptive=adaptive,
         )
         self._engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
 
