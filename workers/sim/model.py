@@ -354,6 +354,76 @@ def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
     )
 
 
+@dataclass(frozen=True, slots=True)
+class SteadyState:
+    """A closed loop's steady state, in seconds at time scale 1, over requests that arrive once every
+    stream has cycled a few times (so neither the start nor the drain is in it)."""
+
+    ttft_p99_s: float
+    ttft_mean_s: float
+    tpot_s: float  # mean (latency - ttft) / (output_len - 1)
+    output_throughput: float  # concurrency x output_len / mean latency (Little's law; clients never wait)
+    requests: int  # requests the statistics are over
+
+
+STEADY_CYCLES = 12  # request latencies a steady-state run lasts; the first 2 and last 2 are left out
+
+
+def steady_state(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int = 0) -> SteadyState:
+    """What a closed loop of ``load.concurrency`` streams sees once it is steady: the streams' first
+    requests arrive evenly spread over one request's latency (as a ramp-up leaves them: no burst of
+    simultaneous prefills recurs), then each stream sends its next request as soon as one finishes
+    (``ground_truth``'s clients). ``load.num_requests`` is ignored: the run lasts ``STEADY_CYCLES``
+    request latencies, and the statistics are over the requests that arrive after the first two and
+    before the last two. A replacement request lands just after the iteration that finished its
+    predecessor has begun, so its TTFT is a whole decode step plus its prefill: the steady-state tail.
+    """
+    shape = DraftShape.from_spec(spec)
+    mix = load.mix or ((profile.default_category, 1.0),)
+    probs = {
+        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
+        for name, _ in mix
+    }
+    batch = max(1, min(load.concurrency, spec.max_running_requests or load.concurrency))
+    accept = mix_accept_length(
+        tuple((n, expected_accept_length(p) if p else 1.0) for n, p in probs.items()), mix
+    )
+    cycle = (
+        prefill_seconds(profile, load.input_len)
+        + decode_step_seconds(profile, shape, batch) * (load.output_len - 1) / accept
+    )
+    starts = [i * cycle / load.concurrency for i in range(load.concurrency)]
+    run = Load(
+        load.concurrency,
+        load.input_len,
+        load.output_len,
+        load.concurrency * STEADY_CYCLES,
+        load.temperature,
+        mix,
+    )
+    done = _closed_loop_run(
+        profile, shape, probs, mix, spec.max_running_requests, run, random.Random(seed), starts=starts
+    )
+    steady = [(f, end) for f, end in done if 2 * cycle <= f.arrival <= (STEADY_CYCLES - 2) * cycle]
+    ttfts = sorted(f.first_token - f.arrival for f, _ in steady)
+    latency = mean(end - f.arrival for f, end in steady)
+    return SteadyState(
+        ttft_p99_s=_quantile(ttfts, 0.99),
+        ttft_mean_s=mean(ttfts),
+        tpot_s=mean((end - f.first_token) / (load.output_len - 1) for f, end in steady),
+        output_throughput=load.concurrency * load.output_len / latency,
+        requests=len(steady),
+    )
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default, DuckDB's quantile_cont)."""
+    h = (len(ordered) - 1) * q
+    low = math.floor(h)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (h - low) * (ordered[high] - ordered[low])
+
+
 def mix_accept_length(
     by_category: tuple[tuple[str, float], ...], mix: tuple[tuple[str, float], ...]
 ) -> float:
@@ -380,10 +450,12 @@ def _closed_loop_run(
     max_running: int | None,
     load: Load,
     rng: random.Random,
+    starts: list[float] | None = None,
 ) -> list[tuple[_Flight, float]]:
-    """One run of ``load``: (request, finish time) for every request."""
+    """One run of ``load``: (request, finish time) for every request; the streams' first requests
+    arrive at ``starts`` (default: all at time 0)."""
     now = 0.0
-    arrivals: list[float] = [0.0] * min(load.concurrency, load.num_requests)
+    arrivals: list[float] = (starts or [0.0] * load.concurrency)[: min(load.concurrency, load.num_requests)]
     to_send = load.num_requests - len(arrivals)
     waiting: list[_Flight] = []
     running: list[_Flight] = []
