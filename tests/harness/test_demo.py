@@ -15,7 +15,7 @@ from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import progress_for
 from harness.spec import parse_spec
-from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth
+from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth, steady_state
 
 # The first test of the module waits for both fixtures' sweeps (two embedded 2-node clusters, a few minutes
 # each on a 2-core machine), which is more than the suite's per-test default.
@@ -206,6 +206,46 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
         speedup = tok_s / measured[level, "baseline"][0]
         true_speedup = true_tok_s / truth[level, "baseline"][0]
         assert speedup == pytest.approx(true_speedup, rel=SPEEDUP_TOLERANCE), (level, label)
+
+
+# The acceptance bound of issue 14 on TTFT p99 at concurrency 64, and the window requests a p99 needs to be
+# a tail rather than one request (a config whose request outlasts the level has almost none: at 64 streams
+# the deep chain and the tree take 7.5 and 10 s, and the demo's level sends for 6 s after a 1 s ramp).
+TTFT_P99_TOLERANCE = 0.25
+TTFT_MIN_REQUESTS = 30
+
+
+def test_demo_ttft_p99_at_64_is_steady_state_truth_when_streams_ramp_up(demo_out: Path) -> None:
+    """With the demo's ramp-up and each level's window, TTFT p99 at concurrency 64 is the simulator's
+    steady-state truth within 25% for every config whose window holds enough requests (at least the
+    baseline and both short chains), not the start-up burst of 64 simultaneous prefills."""
+    from workers.sglang import SpecParams
+
+    con = connect(demo_out)
+    rows = con.sql(
+        "SELECT j.config_label, j.effective_speculative_algorithm, j.effective_speculative_num_steps, "
+        "j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens, "
+        "j.effective_max_running_requests, any_value(l.ttft_p99_ms), any_value(l.window_start_s), "
+        "count(*) FILTER (WHERE r.in_window AND r.error_type IS NULL), round(avg(r.prompt_tokens)) "
+        "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
+        "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
+        "WHERE r.load_level = 'concurrency=64' AND NOT r.warmup GROUP BY ALL"
+    ).fetchall()
+    con.close()
+    checked = {}
+    for label, algo, steps, topk, draft, mrr, p99_ms, window_start_s, n, prompt in rows:
+        assert window_start_s == 1.0  # the demo's ramp_up_s
+        if n < TTFT_MIN_REQUESTS:
+            continue
+        truth = steady_state(
+            DEFAULT_PROFILE,
+            SpecParams(algo, steps, topk, draft, mrr),
+            Load(64, int(prompt), 128, 0, mix=DEFAULT_MIX),
+        )
+        checked[label] = (p99_ms, truth.ttft_p99_s * 1e3)
+    assert {"baseline", "chain d=2", "chain d=4"} <= set(checked), checked
+    for label, (measured_ms, true_ms) in checked.items():
+        assert measured_ms == pytest.approx(true_ms, rel=TTFT_P99_TOLERANCE), (label, checked)
 
 
 def test_demo_winner_command_is_an_sglang_launch_when_engine_is_sim(demo_out: Path) -> None:
