@@ -174,8 +174,9 @@ TPOT_TOLERANCE = 0.10
 
 def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_level(demo_out: Path) -> None:
     """Not only the winner: every config's throughput, speedup over the baseline and TPOT at every level
-    are the simulator's ground truth (at the level's own request count) within the stated tolerances, so
-    a uniform bias (a duration off, a rate divided by the GPUs twice, a scaled TPOT) fails here."""
+    are the simulator's steady-state truth (the level's window leaves out the ramp-up and the drain) within
+    the stated tolerances, so a uniform bias (a window off, a rate divided by the GPUs twice, a scaled
+    TPOT) fails here."""
     con = connect(demo_out)
     rows = con.sql(
         "SELECT r.load_level, j.config_label, j.effective_speculative_algorithm, "
@@ -192,10 +193,10 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
 
     measured: dict[tuple[str, str], tuple[float, float]] = {}
     truth: dict[tuple[str, str], tuple[float, float]] = {}
-    for level, label, algo, steps, topk, draft, mrr, n, tpot_ms, tok_s, prompt in rows:
+    for level, label, algo, steps, topk, draft, mrr, _, tpot_ms, tok_s, prompt in rows:
         concurrency = int(level.split("=")[1])
-        load = Load(concurrency, int(prompt), 128, n, mix=DEFAULT_MIX)
-        true = ground_truth(DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load)
+        load = Load(concurrency, int(prompt), 128, 0, mix=DEFAULT_MIX)
+        true = steady_state(DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load)
         measured[level, label] = (tok_s, tpot_ms)
         truth[level, label] = (true.output_throughput, true.tpot_s * 1e3)
     assert len(measured) == 15
@@ -226,6 +227,7 @@ def test_demo_ttft_p99_at_64_is_steady_state_truth_when_streams_ramp_up(demo_out
         "SELECT j.config_label, j.effective_speculative_algorithm, j.effective_speculative_num_steps, "
         "j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens, "
         "j.effective_max_running_requests, any_value(l.ttft_p99_ms), any_value(l.window_start_s), "
+        "any_value(l.client_delay_p99_us), "
         "count(*) FILTER (WHERE r.in_window AND r.error_type IS NULL), round(avg(r.prompt_tokens)) "
         "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
         "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
@@ -233,7 +235,7 @@ def test_demo_ttft_p99_at_64_is_steady_state_truth_when_streams_ramp_up(demo_out
     ).fetchall()
     con.close()
     checked = {}
-    for label, algo, steps, topk, draft, mrr, p99_ms, window_start_s, n, prompt in rows:
+    for label, algo, steps, topk, draft, mrr, p99_ms, window_start_s, delay_us, n, prompt in rows:
         assert window_start_s == 1.0  # the demo's ramp_up_s
         if n < TTFT_MIN_REQUESTS:
             continue
@@ -242,9 +244,9 @@ def test_demo_ttft_p99_at_64_is_steady_state_truth_when_streams_ramp_up(demo_out
             SpecParams(algo, steps, topk, draft, mrr),
             Load(64, int(prompt), 128, 0, mix=DEFAULT_MIX),
         )
-        checked[label] = (p99_ms, truth.ttft_p99_s * 1e3)
+        checked[label] = (p99_ms, truth.ttft_p99_s * 1e3, delay_us / 1e3, n)
     assert {"baseline", "chain d=2", "chain d=4"} <= set(checked), checked
-    for label, (measured_ms, true_ms) in checked.items():
+    for label, (measured_ms, true_ms, *_) in checked.items():
         assert measured_ms == pytest.approx(true_ms, rel=TTFT_P99_TOLERANCE), (label, checked)
 
 

@@ -366,16 +366,16 @@ class SteadyState:
     requests: int  # requests the statistics are over
 
 
-STEADY_CYCLES = 12  # request latencies a steady-state run lasts; the first 2 and last 2 are left out
+STEADY_REQUESTS = 2000  # about the steady requests a steady-state run holds (sampling noise well under 1%)
 
 
 def steady_state(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int = 0) -> SteadyState:
     """What a closed loop of ``load.concurrency`` streams sees once it is steady: the streams' first
     requests arrive evenly spread over one request's latency (as a ramp-up leaves them: no burst of
     simultaneous prefills recurs), then each stream sends its next request as soon as one finishes
-    (``ground_truth``'s clients). ``load.num_requests`` is ignored: the run lasts ``STEADY_CYCLES``
-    request latencies, and the statistics are over the requests that arrive after the first two and
-    before the last two. A replacement request lands just after the iteration that finished its
+    (``ground_truth``'s clients). ``load.num_requests`` is ignored: the run lasts about as many request
+    latencies as ``STEADY_REQUESTS`` need (at least 12), and the statistics are over the requests that
+    arrive after the first two and before the last two. A replacement request lands just after the iteration that finished its
     predecessor has begun, so its TTFT is a whole decode step plus its prefill: the steady-state tail.
     """
     shape = DraftShape.from_spec(spec)
@@ -393,18 +393,14 @@ def steady_state(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
         + decode_step_seconds(profile, shape, batch) * (load.output_len - 1) / accept
     )
     starts = [i * cycle / load.concurrency for i in range(load.concurrency)]
+    cycles = max(12, math.ceil(STEADY_REQUESTS / load.concurrency) + 4)
     run = Load(
-        load.concurrency,
-        load.input_len,
-        load.output_len,
-        load.concurrency * STEADY_CYCLES,
-        load.temperature,
-        mix,
+        load.concurrency, load.input_len, load.output_len, load.concurrency * cycles, load.temperature, mix
     )
     done = _closed_loop_run(
         profile, shape, probs, mix, spec.max_running_requests, run, random.Random(seed), starts=starts
     )
-    steady = [(f, end) for f, end in done if 2 * cycle <= f.arrival <= (STEADY_CYCLES - 2) * cycle]
+    steady = [(f, end) for f, end in done if 2 * cycle <= f.arrival <= (cycles - 2) * cycle]
     ttfts = sorted(f.first_token - f.arrival for f, _ in steady)
     latency = mean(end - f.arrival for f, end in steady)
     return SteadyState(
