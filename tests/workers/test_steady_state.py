@@ -66,12 +66,8 @@ def test_ttft_p99_at_64_is_steady_state_truth_only_with_ramp_up_and_window(
     """With a 1 s ramp-up (simulated), TTFT p99 over the window's requests is within 25% of the simulator's
     steady-state truth; with all 64 streams starting at once, TTFT p99 over the level is far above it."""
     spec = SpecParams(None, None, None, None, CONCURRENCY)
-    truth_ms = (
-        1e3
-        * steady_state(
-            DEFAULT_PROFILE, spec, Load(CONCURRENCY, PROMPT, OUTPUT, 0, mix=((RANDOM_IDS, 1.0),))
-        ).ttft_p99_s
-    )
+    load = Load(CONCURRENCY, PROMPT, OUTPUT, 0, mix=((RANDOM_IDS, 1.0),))
+    truth_ms = 1e3 * steady_state(DEFAULT_PROFILE, spec, load, ramp_up_s=1.0).ttft_p99_s
     ramped = _run(baseline_sim, ramp_up_s=1.0)
     assert ramped.num_errors == 0 and ramped.window_start_s == SCALE
     assert _ttft_p99_ms(ramped, window=True) == pytest.approx(truth_ms, rel=TOLERANCE)

@@ -3,7 +3,9 @@
 ``run_load(url, level, workload)`` measures the client's own added delay on a loopback endpoint, sends
 the warmup requests (not recorded; then ``/flush_cache`` when asked), and runs one load level:
 
-- closed loop: ``concurrency`` requests always in flight, for a count or a duration;
+- closed loop: ``concurrency`` requests always in flight, for a count or a duration; with ``ramp_up_s``
+  the streams start evenly over it, and each record says whether it was sent inside the level's
+  steady-state window and how many of its tokens arrived there (``measurement_window``);
 - open loop: Poisson, gamma (bursty or regular) or constant arrivals at ``rate_rps``, optionally capped
   in flight; each record keeps the scheduled and the actual send time, so lateness is visible. Poisson
   and gamma schedules are true renewal processes (independent gaps from the start), for a count as for
@@ -739,8 +741,8 @@ def measurement_window(level: LoadLevel, records: list[RequestRecord]) -> tuple[
     """The level's steady-state window (ns on the records' clock): from ``ramp_up_s`` after the start
     (every closed-loop stream has started) to the end of sending. Closed loop: the first request to end
     after the last send, when the first stream stops and the drain begins (a duration level sends until
-    its deadline, a count level until its requests run out); open loop: the last send. Empty (end =
-    start) when nothing was sent after the ramp."""
+    its deadline, a count level until its requests run out); open loop: the last send. It holds no send
+    when every request was sent during the ramp (then its end is no earlier than its start)."""
     start = round(level.ramp_up_s * 1e9)
     if not records:
         return start, start

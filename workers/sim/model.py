@@ -369,10 +369,14 @@ class SteadyState:
 STEADY_REQUESTS = 2000  # about the steady requests a steady-state run holds (sampling noise well under 1%)
 
 
-def steady_state(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int = 0) -> SteadyState:
+def steady_state(
+    profile: SimProfile, spec: SpecParams, load: Load, *, ramp_up_s: float | None = None, seed: int = 0
+) -> SteadyState:
     """What a closed loop of ``load.concurrency`` streams sees once it is steady: the streams' first
-    requests arrive evenly spread over one request's latency (as a ramp-up leaves them: no burst of
-    simultaneous prefills recurs), then each stream sends its next request as soon as one finishes
+    requests arrive evenly spread over ``ramp_up_s`` (None: over one request's latency), as the load
+    generator's ramp-up starts them, so no burst of simultaneous prefills recurs (without acceptance
+    noise, as for the baseline, the phases a ramp leaves persist, and with them how many requests share
+    a prefill), then each stream sends its next request as soon as one finishes
     (``ground_truth``'s clients). ``load.num_requests`` is ignored: the run lasts about as many request
     latencies as ``STEADY_REQUESTS`` need (at least 12), and the statistics are over the requests that
     arrive after the first two and before the last two. A replacement request lands just after the iteration that finished its
@@ -392,7 +396,8 @@ def steady_state(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
         prefill_seconds(profile, load.input_len)
         + decode_step_seconds(profile, shape, batch) * (load.output_len - 1) / accept
     )
-    starts = [i * cycle / load.concurrency for i in range(load.concurrency)]
+    spread = cycle if ramp_up_s is None else ramp_up_s
+    starts = [i * spread / load.concurrency for i in range(load.concurrency)]
     cycles = max(12, math.ceil(STEADY_REQUESTS / load.concurrency) + 4)
     run = Load(
         load.concurrency, load.input_len, load.output_len, load.concurrency * cycles, load.temperature, mix
