@@ -166,15 +166,13 @@ def test_demo_picks_simulators_true_best_config_when_run_at_each_level(demo_out:
     con.close()
 
 
-# Tolerances of the end-to-end truth test, from a 6 s level on a loaded 2-core box (measured there: 3% on
-# throughput, 4% on speedup, 6% on TPOT, whose median the measurement takes where the truth is a mean).
+# Tolerances of the end-to-end truth test, from a 6 s level on a loaded 2-core box (measured against the
+# steady-state truth: within 4.3% on throughput; TPOT, the median of the level's requests where the truth is
+# a steady mean, within 10% except at 64 streams, where a deep config's request outlasts the level and runs
+# mostly in the drain, with no replacement prefills to stall it: 14% faster for the depth-12 chain).
 THROUGHPUT_TOLERANCE = 0.05
-# A median or a p99 over the window's requests needs this many of them. At 64 streams the depth-12 chain and
-# the tree take 7.5 and 10 s a request, and the level sends for 6 s after a 1 s ramp: their windows hold
-# almost no sends (their throughput, counted from tokens, is still measured).
-WINDOW_MIN_REQUESTS = 30
 SPEEDUP_TOLERANCE = 0.07
-TPOT_TOLERANCE = 0.10
+TPOT_TOLERANCE = 0.20
 
 
 def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_level(demo_out: Path) -> None:
@@ -187,8 +185,7 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
         "SELECT r.load_level, j.config_label, j.effective_speculative_algorithm, "
         "j.effective_speculative_num_steps, j.effective_speculative_eagle_topk, "
         "j.effective_speculative_num_draft_tokens, j.effective_max_running_requests, "
-        "count(*) FILTER (WHERE r.error_type IS NULL AND r.in_window), "
-        "median(r.tpot_ms) FILTER (WHERE r.error_type IS NULL AND r.in_window), "
+        "median(r.tpot_ms) FILTER (WHERE r.error_type IS NULL), "
         "any_value(l.output_tok_s), round(avg(r.prompt_tokens)) "
         "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
         "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
@@ -197,27 +194,30 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
     con.close()
     from workers.sglang import SpecParams
 
-    measured: dict[tuple[str, str], tuple[float, float | None]] = {}
+    measured: dict[tuple[str, str], tuple[float, float]] = {}
     truth: dict[tuple[str, str], tuple[float, float]] = {}
-    for level, label, algo, steps, topk, draft, mrr, n, tpot_ms, tok_s, prompt in rows:
+    for level, label, algo, steps, topk, draft, mrr, tpot_ms, tok_s, prompt in rows:
         concurrency = int(level.split("=")[1])
         load = Load(concurrency, int(prompt), 128, 0, mix=DEFAULT_MIX)
         true = steady_state(
             DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load, ramp_up_s=RAMP_UP_S
         )
-        measured[level, label] = (tok_s, tpot_ms if n >= WINDOW_MIN_REQUESTS else None)
+        measured[level, label] = (tok_s, tpot_ms)
         truth[level, label] = (true.output_throughput, true.tpot_s * 1e3)
     assert len(measured) == 15
     for (level, label), (tok_s, tpot_ms) in measured.items():
         true_tok_s, true_tpot_ms = truth[level, label]
         assert tok_s == pytest.approx(true_tok_s, rel=THROUGHPUT_TOLERANCE), (level, label)
-        if tpot_ms is not None:
-            assert tpot_ms == pytest.approx(true_tpot_ms, rel=TPOT_TOLERANCE), (level, label)
+        assert tpot_ms == pytest.approx(true_tpot_ms, rel=TPOT_TOLERANCE), (level, label)
         speedup = tok_s / measured[level, "baseline"][0]
         true_speedup = true_tok_s / truth[level, "baseline"][0]
         assert speedup == pytest.approx(true_speedup, rel=SPEEDUP_TOLERANCE), (level, label)
 
 
+# A p99 over the window's requests needs this many of them. At 64 streams the depth-12 chain and the tree
+# take 7.5 and 10 s a request, and the level sends for 6 s after a 1 s ramp: their windows hold almost no
+# sends (their throughput, counted from tokens, is still measured).
+WINDOW_MIN_REQUESTS = 30
 # The acceptance bound of issue 14 on TTFT p99 at concurrency 64. The demo runs at real time: two simulated
 # servers and their 64-stream clients share this 2-core box with Ray, and a tail request waits for the CPU
 # on top of its decode step: this allowance is added to the 25%. The baseline's tail (one 40 ms step plus a
