@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from analysis.capacity import CapacityChoice
+
 # Every plot the report draws: element id -> caption. Tests check each is present.
 PLOTS: dict[str, str] = {
     "plot-throughput": "Output tokens/s per GPU vs concurrency (dashed: no-speculation baseline)",
@@ -38,6 +40,12 @@ PLOTS: dict[str, str] = {
     "plot-gpu-timeline": "GPU power and SM clock over each level (mean over the slot's GPUs): the winner and "
     "the baseline (dashed), first repeat",
 }
+# Shown only for sweeps with a capacity search (load.capacity).
+CAPACITY_PLOT = (
+    "plot-capacity",
+    "Capacity under SLO per config: every probe (filled: SLOs held, hollow: "
+    "missed) and the capacity found (bar)",
+)
 TIMELINE_LEVELS = 6  # columns of the timeline plots at most: the highest loads run
 CDF_POINTS = 101
 _METADATA = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)  # RDF boilerplate, not needed
@@ -72,6 +80,7 @@ def render_report(
         _tables(selection),
         _categories(con),
         _deployment(con, selection),
+        _capacity(con, colors),
         _figure("plot-throughput", _throughput_plot(con, colors)),
         _figure("plot-tpot", _tpot_plot(con, colors)),
         _figure("plot-accept-length", _accept_length_plot(con, colors)),
@@ -236,6 +245,57 @@ def _categories(con: duckdb.DuckDBPyConnection) -> str:
         parts.append("</table>")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _capacity(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+    """The capacity search's answer per config, and its probes (empty without a capacity search)."""
+    from analysis.capacity import capacity_text, rank_by_capacity
+
+    if not con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
+        return ""
+    choices = rank_by_capacity(con)
+    parts = [
+        "<section id='capacity'><h2>Capacity under SLO</h2>"
+        f"<p class='meta'>Highest {html.escape(choices[0].kind)} at which {html.escape(choices[0].slo)} held, "
+        "found by bisection on one launch per job (the smallest over a config's launches).</p>"
+        "<table><tr><th>#</th><th class='label'>config</th><th>capacity</th><th>launches</th>"
+        "<th>probes</th></tr>"
+    ]
+    for c in choices:
+        parts.append(
+            f"<tr><td>{c.rank}</td><td class='label'>{html.escape(c.config_label)}</td>"
+            f"<td>{html.escape(capacity_text(c))}</td><td>{c.launches}</td><td>{c.probes}</td></tr>"
+        )
+    parts.append("</table>")
+    element_id, caption = CAPACITY_PLOT
+    parts.append(
+        f"<figure id='{element_id}'><figcaption>{html.escape(caption)}</figcaption>"
+        f"{_capacity_plot(con, colors, choices)}</figure></section>"
+    )
+    return "".join(parts)
+
+
+def _capacity_plot(
+    con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]], choices: list[CapacityChoice]
+) -> str:
+    probes = con.sql(
+        "SELECT j.config_label, c.probe_load, c.passed FROM capacity c JOIN jobs j USING (sweep_id, job_id) "
+        "WHERE j.status = 'done' ORDER BY c.probe_index"
+    ).fetchall()
+    fig = _new_figure(height=3.6)
+    ax = fig.add_subplot()
+    for x, choice in enumerate(choices):
+        color, _ = colors.get(choice.config_label, ("#888888", "-"))
+        if choice.capacity is not None:
+            ax.bar(x, choice.capacity, width=0.6, color=color, alpha=0.35)
+        loads = [(load, passed) for label, load, passed in probes if label == choice.config_label]
+        for load, passed in loads:
+            ax.scatter(x, load, s=24, edgecolors=color, facecolors=color if passed else "none", zorder=3)
+    ax.set_xticks(range(len(choices)), [c.config_label for c in choices])
+    unit = "requests/s" if choices[0].kind == "rate" else "concurrency"
+    ax.set_ylabel(f"load ({unit})")
+    ax.grid(alpha=0.3, axis="y")
+    return _svg(fig)
 
 
 def _mix_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:

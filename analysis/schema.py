@@ -238,6 +238,31 @@ LEVELS_SCHEMA = pa.schema(
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
 )
 
+# Numeric levels columns: what a capacity search's SLO clauses may limit.
+LEVEL_SLO_COLUMNS: tuple[str, ...] = tuple(
+    f.name
+    for f in LEVELS_SCHEMA
+    if (pa.types.is_floating(f.type) or pa.types.is_integer(f.type)) and f.name not in ("run_index", "gpus")
+)
+
+# ---------------------------------------------------------------------------------------------------
+# capacity: one row per probe of a capacity search (load.capacity): the probe's levels row (its requests
+# are not kept in ``requests``) and what the search made of it.
+# ---------------------------------------------------------------------------------------------------
+
+CAPACITY_PROBE_FIELDS: list[pa.Field] = [
+    pa.field("capacity_kind", pa.string(), nullable=False),  # rate or concurrency
+    pa.field("capacity_slo", pa.string(), nullable=False),  # the clauses every probe was judged by
+    pa.field("probe_index", pa.int32(), nullable=False),  # 0 = first probe
+    pa.field("probe_load", pa.float64(), nullable=False),  # the rate (requests/s) or concurrency probed
+    pa.field("passed", pa.bool_(), nullable=False),
+    pa.field("margin", pa.float64()),  # smallest relative slack of the clauses (< 0: failed); null: no value
+]
+CAPACITY_SCHEMA = pa.schema(
+    [*LEVELS_SCHEMA, *CAPACITY_PROBE_FIELDS],
+    metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "capacity"},
+)
+
 # ---------------------------------------------------------------------------------------------------
 # jobs: one row per job in its final state (done or failed). A job is committed iff its row exists.
 # ---------------------------------------------------------------------------------------------------
@@ -449,6 +474,27 @@ def requests_table(records: list[RequestRecord]) -> pa.Table:
 def levels_table(records: list[LevelRecord]) -> pa.Table:
     """Arrow table of level records."""
     return records_table(records, LEVELS_SCHEMA)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityProbeRecord:
+    """One probe of a capacity search: its level summary and what the search made of it."""
+
+    level: LevelRecord
+    capacity_kind: str
+    capacity_slo: str
+    probe_index: int
+    probe_load: float
+    passed: bool
+    margin: float | None
+
+
+def capacity_table(records: list[CapacityProbeRecord]) -> pa.Table:
+    """Arrow table of capacity probes: each probe's levels columns, then the probe's own."""
+    levels = levels_table([r.level for r in records])
+    for field in CAPACITY_PROBE_FIELDS:
+        levels = levels.append_column(field, pa.array([getattr(r, field.name) for r in records], field.type))
+    return levels.replace_schema_metadata(CAPACITY_SCHEMA.metadata)
 
 
 def jobs_table(records: list[JobRecord]) -> pa.Table:

@@ -199,6 +199,13 @@ def select_best(
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
     runs_by_level = _load_runs(con, out, metric, slos, request_slos)
+    if not runs_by_level and con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
+        raise ResultsError(
+            "the sweep ran capacity searches only, no fixed load levels",
+            where=out.location,
+            fix="rank them with `specsweep best OUT --objective capacity`, or add load.concurrency / "
+            "load.rates levels to the spec for per-level rankings and the report",
+        )
     if not runs_by_level:
         raise ResultsError(
             "no job finished with measured load levels (every committed job failed)",

@@ -24,6 +24,13 @@ Views (columns as documented in ``docs/results.md``):
   successful requests of done jobs sent inside their level's measurement window: ``num_ok``, token-weighted ``accept_length_mean``, mean
   ``tpot_ms``, and ``speedup``: the baseline's mean TPOT over this config's for the same level and
   category (the per-user decode speedup where the drafter is strong or weak); null without a baseline.
+- ``capacity``: the probes of capacity searches (``load.capacity``) of committed jobs: each probe's
+  levels columns plus ``capacity_kind``, ``capacity_slo``, ``probe_index``, ``probe_load``, ``passed``
+  and ``margin``.
+- ``capacity_results``: per done job with a capacity search: its config, ``capacity`` (the highest
+  passing probe's load; null when none passed), ``bound`` (``bracketed``: a higher probe failed;
+  ``at_least``: none failed; ``below``: none passed, capacity is under ``lowest_fail``), ``lowest_fail``
+  and ``probes``.
 - ``server_metrics``, ``gpu_metrics``: the time series of committed jobs (the server's Prometheus
   samples; NVML readings of the slot's GPUs), ``time_s`` on the requests' clock.
 - ``server_metrics_by_level``, ``gpu_metrics_by_level``: per job x level x metric x label set, over
@@ -50,6 +57,7 @@ from analysis.layout import (
 )
 from analysis.metrics import ACCEPT_LENGTH_SQL, OK, OK_MEASURED
 from analysis.schema import (
+    CAPACITY_SCHEMA,
     JOBS_SCHEMA,
     LEVELS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -73,6 +81,8 @@ VIEW_NAMES: tuple[str, ...] = (
     "request_metrics",
     "acceptance_by_position",
     "category_results",
+    "capacity",
+    "capacity_results",
     *TELEMETRY_TABLES,
     *(f"{name}_by_level" for name in TELEMETRY_TABLES),
 )
@@ -122,6 +132,20 @@ WITH per AS (
 )
 SELECT per.*, base.baseline_tpot_ms / nullif(per.tpot_ms, 0) AS speedup
 FROM per LEFT JOIN base USING (sweep_id, load_level, category)
+"""
+
+_CAPACITY_RESULTS_SQL = """
+SELECT c.sweep_id, c.job_id, j.config_label, j.repeat_index, j.launch_command,
+       any_value(c.capacity_kind) AS capacity_kind, any_value(c.capacity_slo) AS capacity_slo,
+       max(c.probe_load) FILTER (WHERE c.passed) AS capacity,
+       min(c.probe_load) FILTER (WHERE NOT c.passed) AS lowest_fail,
+       CASE WHEN count(*) FILTER (WHERE c.passed) = 0 THEN 'below'
+            WHEN count(*) FILTER (WHERE NOT c.passed) = 0 THEN 'at_least'
+            ELSE 'bracketed' END AS bound,
+       count(*) AS probes
+FROM capacity c JOIN jobs j USING (sweep_id, job_id)
+WHERE j.status = 'done'
+GROUP BY ALL
 """
 
 # Counters only grow, so a level's delta is its last sample minus its first; a gauge's level figure is its
@@ -193,6 +217,11 @@ def connect(out: Location) -> duckdb.DuckDBPyConnection:
         "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = l.sweep_id AND j.job_id = l.job_id)"
     )
     _register_requests(con, sources["requests"])
+    _register_table(con, "capacity_all", sources["capacity"], CAPACITY_SCHEMA, partitions=("sweep", "job"))
+    con.execute(
+        "CREATE VIEW capacity AS SELECT * FROM capacity_all c "
+        "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = c.sweep_id AND j.job_id = c.job_id)"
+    )
     for name in TELEMETRY_TABLES:
         _register_table(con, f"{name}_all", sources[name], TELEMETRY_SCHEMA, partitions=("sweep", "job"))
         con.execute(
@@ -204,6 +233,7 @@ def connect(out: Location) -> duckdb.DuckDBPyConnection:
     con.execute(f"CREATE VIEW request_metrics AS {_REQUEST_METRICS_SQL}")
     con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")
     con.execute(f"CREATE VIEW category_results AS {_CATEGORY_RESULTS_SQL}")
+    con.execute(f"CREATE VIEW capacity_results AS {_CAPACITY_RESULTS_SQL}")
     return con
 
 
@@ -227,6 +257,7 @@ def _remote_sources(con: duckdb.DuckDBPyConnection, store: ResultStore) -> dict[
         "jobs": JOBS_SCHEMA,
         "levels": LEVELS_SCHEMA,
         "requests": REQUESTS_SCHEMA,
+        "capacity": CAPACITY_SCHEMA,
     }
     schemas |= dict.fromkeys(TELEMETRY_TABLES, TELEMETRY_SCHEMA)
     sources: dict[str, str | None] = {}

@@ -2,7 +2,8 @@
 
 This is the only place that prints user errors and chooses exit codes: 0 success, 2 user error
 (bad input, with a message naming the problem and the fix), 3 "adjusted" for ``validate``, 4 for
-``load`` when no request succeeded, 130 on Ctrl-C. Subcommands live in ``harness.commands``; their
+``load`` when no request succeeded, 5 when a write found the disk full (``DiskFullError``: nothing is
+half-written; ``run --resume`` continues a sweep), 130 on Ctrl-C. Subcommands live in ``harness.commands``; their
 modules are imported lazily so that ``specsweep validate`` does not pay for Ray or DuckDB.
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sqlite3
 import sys
 
 from specsweep import __version__
-from specsweep.errors import SpecsweepError
+from specsweep.errors import SpecsweepError, disk_full_error, is_disk_full
 
 # Subcommand name -> module under harness.commands defining COMMAND. Order is the help order.
 COMMAND_MODULES: dict[str, str] = {
@@ -79,11 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except SpecsweepError as err:
-        print(f"specsweep {args.command}: error: {err}", file=sys.stderr)
-        return err.exit_code
+        return _report(args.command, err)
+    except (OSError, sqlite3.Error) as err:  # a write that found the disk full, wherever it was
+        if not is_disk_full(err):
+            raise
+        return _report(args.command, disk_full_error(err))
     except KeyboardInterrupt:
         print(f"specsweep {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _report(command: str, err: SpecsweepError) -> int:
+    """Print a user error (one line, plus its fix) and return its exit code."""
+    print(f"specsweep {command}: error: {err}", file=sys.stderr)
+    return err.exit_code
 
 
 if __name__ == "__main__":

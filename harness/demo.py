@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from harness.reaper import Reaper
 from harness.spec import SweepSpec, parse_spec
 from specsweep.errors import SpecsweepError
 
@@ -135,13 +136,16 @@ def prepare_output(out: Path) -> None:
 
 @contextlib.contextmanager
 def simulated_cluster(nodes: int, gpus_per_node: int, cpus_per_node: int) -> Iterator[str]:
-    """An embedded Ray cluster of ``nodes`` simulated GPU nodes (a GPU-less head); yields its address."""
+    """An embedded Ray cluster of ``nodes`` simulated GPU nodes (a GPU-less head); yields its address. Its
+    processes are children of this one, so a reaper (harness.reaper) stops them once it is gone."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "num_gpus": 0, "include_dashboard": False},
     )
+    head: Any = cluster.head_node  # a ray._private.node.Node (untyped in Ray)
+    reaper = Reaper(head.session_name)
     try:
         for _ in range(nodes):
             cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node)
@@ -149,3 +153,4 @@ def simulated_cluster(nodes: int, gpus_per_node: int, cpus_per_node: int) -> Ite
         yield cluster.address
     finally:
         cluster.shutdown()  # type: ignore[no-untyped-call]
+        reaper.close()

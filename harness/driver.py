@@ -20,6 +20,7 @@ import logging
 import math
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
 from harness.queue import JobQueue, Lease
+from harness.reaper import Reaper
 from harness.results import (
     Output,
     check_output,
@@ -49,7 +51,7 @@ from harness.search.session import SearchSession
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
 from specsweep.error_classes import ErrorClass
-from specsweep.errors import ClusterError, StoreError
+from specsweep.errors import ClusterError, StoreError, disk_full_error, is_disk_full
 from workers.job import AttemptResult, JobSpec
 from workers.node.actor import NodeWorker
 from workers.node.records import AttemptFacts, job_record
@@ -143,10 +145,25 @@ def _file_lock(out: Output) -> Iterator[None]:
         yield
 
 
-def _connect(address: str, spec: SweepSpec) -> bool:
-    """Connect to (or start) Ray; True when this call started it (and must shut it down)."""
+@dataclass
+class _RayConnection:
+    """What ``_connect`` did: ``started`` when this call started Ray (and must shut it down); ``reaper``
+    when it started an embedded Ray, whose processes the reaper stops once the driver is gone."""
+
+    started: bool
+    reaper: Reaper | None = None
+
+    def close(self) -> None:
+        if self.started:
+            ray.shutdown()
+        if self.reaper is not None:
+            self.reaper.close()
+
+
+def _connect(address: str, spec: SweepSpec) -> _RayConnection:
+    """Connect to (or start) Ray."""
     if ray.is_initialized():
-        return False
+        return _RayConnection(started=False)
     if address == "local":
         # The simulator needs no GPUs: declare enough for the slots. SGLang uses what Ray detects.
         gpus = spec.gpus_per_server * (spec.max_servers or 2) if spec.engine == "sim" else None
@@ -160,6 +177,7 @@ def _connect(address: str, spec: SweepSpec) -> bool:
             log_to_driver=False,
             _node_ip_address="127.0.0.1",
         )
+        return _RayConnection(started=True, reaper=Reaper(ray.get_runtime_context().get_session_name()))
     else:
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
@@ -169,7 +187,7 @@ def _connect(address: str, spec: SweepSpec) -> bool:
                 fix="start one (`ray start --head`, `ray up cluster.yaml`), pass its address with "
                 "--ray-address, or use --ray-address local for an embedded one",
             ) from None
-    return True
+    return _RayConnection(started=True)
 
 
 def _acquire_driver_lock(sweep_id: str, where: str | Path) -> Any:
@@ -422,6 +440,12 @@ class Driver:
             self._worker_lost(slot, ErrorClass.NODE_LOST, f"worker lost: {type(err).__name__}: {err}")
             return
         except RayTaskError as err:
+            if is_disk_full(err.cause):  # the worker could not write the attempt's files: stop, count nothing
+                raise disk_full_error(
+                    err.cause,
+                    where=str(self.out.state),
+                    doing=f"slot {slot.index} wrote job {job.job_id}'s files",
+                ) from None
             self._free(slot)
             self._record_failure(
                 lease, job, lost_attempt(job, lease, ErrorClass.WORKER_ERROR, str(err)[-2000:])
@@ -534,6 +558,19 @@ def _prepare_queue(queue: JobQueue, plan: Plan, out: Output, progress: Progress,
     return int(created)
 
 
+@contextmanager
+def _disk_full_stops(out: Output) -> Iterator[None]:
+    """A write of the driver that finds the disk full ends the sweep with a DiskFullError: whatever it was
+    writing is a temporary file or an SQLite transaction, both undone, and the jobs it leased are settled
+    by ``--resume`` as after any driver death (harness.settle)."""
+    try:
+        yield
+    except (OSError, sqlite3.Error) as err:
+        if not is_disk_full(err):
+            raise
+        raise disk_full_error(err, where=str(out.state), doing="the driver wrote the sweep's files") from None
+
+
 def run_sweep(
     spec: SweepSpec,
     spec_text: str,
@@ -550,10 +587,10 @@ def run_sweep(
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
     out = output_for(out)
     check_output(out)  # before Ray: a bad URI, endpoint, bucket or key is refused before any launch
-    started_ray = _connect(ray_address, spec)
+    connection = _connect(ray_address, spec)
     where = out.store.describe() if out.remote else str(out.state.resolve())
     try:
-        with _file_lock(out):
+        with _file_lock(out), _disk_full_stops(out):
             claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
             lock = _acquire_driver_lock(plan.sweep_id, where)  # before the queue: a refusal leaves no file
             queue = None
@@ -582,5 +619,4 @@ def run_sweep(
                 if queue is not None:
                     queue.close()
     finally:
-        if started_ray:
-            ray.shutdown()
+        connection.close()

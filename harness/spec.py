@@ -250,10 +250,10 @@ def check_search_fits_the_load(spec: SweepSpec) -> None:
                 "point (set `strategy: model` or remove the budget)"
             )
         return
-    if spec.load.rates:
+    if spec.load.rates or not spec.load.concurrency:
         raise ValueError(
-            "search: the model strategy ranks closed-loop (concurrency) levels by throughput; remove "
-            "load.rates or use `strategy: grid`"
+            "search: the model strategy ranks closed-loop (concurrency) levels by throughput; give "
+            "load.concurrency levels (and no load.rates) or use `strategy: grid`"
         )
 
 

@@ -7,6 +7,13 @@ the exit code, so library callers get exceptions, never ``sys.exit``.
 
 from __future__ import annotations
 
+import errno
+import os
+import sqlite3
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+SQLITE_FULL = 13  # sqlite3's result code for a write that found the disk full
+
 
 class SpecsweepError(Exception):
     """A problem the user can fix. ``where`` is a path, YAML field or job id; ``fix`` says what to do."""
@@ -51,3 +58,31 @@ class ClusterError(SpecsweepError):
 
 class WorkloadError(SpecsweepError):
     """A load level or workload that cannot run (unreadable prompts file, bad load arguments)."""
+
+
+class DiskFullError(SpecsweepError):
+    """A write found the disk full (or a quota or file-size limit reached): the command stopped there.
+    Every file is written under a temporary name and renamed, and the queue is SQLite, so nothing is
+    half-written; a sweep continues with ``--resume`` once there is space."""
+
+    exit_code = 5
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """True for an OSError (Python's or pyarrow's) or an SQLite error that says the disk is full."""
+    if isinstance(err, OSError):
+        return err.errno in DISK_FULL_ERRNOS
+    return isinstance(err, sqlite3.Error) and getattr(err, "sqlite_errorcode", None) == SQLITE_FULL
+
+
+def disk_full_error(
+    err: OSError | sqlite3.Error, *, where: str | None = None, doing: str = "writing"
+) -> DiskFullError:
+    """The one-line DiskFullError for ``err`` (``is_disk_full(err)``)."""
+    reason = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else str(err)
+    path = where or (err.filename if isinstance(err, OSError) else None)
+    return DiskFullError(
+        f"the disk is full while {doing}: {reason}",
+        where=str(path) if path else None,
+        fix="free space on that disk (or write to another one), then run the command again",
+    )

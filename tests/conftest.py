@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,6 +56,40 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs mounted for this test. Mounting needs root with the right to mount (CI and this
+    project's machines have it); where the kernel refuses the mount for lack of privilege the test is
+    skipped with that reason, any other mount failure fails it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        reason = done.stderr.decode().strip()
+        if "permission denied" in reason.lower() or "must be superuser" in reason.lower():
+            pytest.skip(f"cannot mount a tmpfs without the privilege to mount: {reason}")
+        pytest.fail(f"cannot mount a tmpfs: {reason}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk is full; returns it (delete it to free the space)."""
+    filler = disk / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * (1 << 16))
+                handle.flush()
+        except OSError:
+            pass
+    return filler
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

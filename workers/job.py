@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from analysis.slo import Slo
 from specsweep.error_classes import ErrorClass
+from specsweep.errors import ResultsError
 from workers.load.workloads import RandomIdsWorkload, Workload
 from workers.sglang import SpecParams
 
@@ -34,6 +36,56 @@ class StrictModel(BaseModel):
     """Base of every spec model: unknown keys and loose types are errors, instances are immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class CapacitySearch(StrictModel):
+    """Find each config's capacity under SLOs: the highest load at which the level SLOs hold, by bisection
+    over probe levels on the same server (docs/results.md, the capacity table)."""
+
+    kind: Literal["rate", "concurrency"] = Field(
+        description="rate: open-loop arrival rates (requests per second, the load's arrival process); "
+        "concurrency: closed-loop requests in flight."
+    )
+    slo: str = Field(
+        description='Level SLOs a probe must meet, as `best --slo` takes them, e.g. "tpot_p99_ms<=50,'
+        'ttft_p99_ms<=2000" (any levels column; a probe with failed requests beyond 1% fails too).'
+    )
+    lo: PositiveFloat = Field(description="Lowest load the search considers (the bracket's bottom).")
+    hi: PositiveFloat = Field(description="Highest load the search considers (the bracket's top).")
+    max_probes: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=8, description="Most probe levels per server launch."
+    )
+    tolerance: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.02,
+        description="Stop once the highest passing and lowest failing probes are within this fraction of "
+        "each other (concurrency: also once they are adjacent integers).",
+    )
+
+    @model_validator(mode="after")
+    def _bracket(self) -> CapacitySearch:
+        if self.lo >= self.hi:
+            raise ValueError(f"lo ({self.lo:g}) must be below hi ({self.hi:g})")
+        if self.kind == "concurrency" and self.hi - self.lo < 1:
+            raise ValueError("a concurrency bracket needs hi at least lo + 1")
+        try:
+            self.slos()
+        except ResultsError as err:
+            raise ValueError(f"slo: {err.problem.splitlines()[0]}; {err.fix}") from None
+        return self
+
+    def slos(self) -> tuple[Slo, ...]:
+        """The parsed level SLOs (``ResultsError`` for an unknown column or a malformed clause)."""
+        from analysis.schema import LEVEL_SLO_COLUMNS
+        from analysis.slo import parse_slos
+
+        slos = parse_slos(self.slo, LEVEL_SLO_COLUMNS, where="capacity.slo")
+        if not slos:
+            raise ResultsError(
+                "it is empty",
+                where="capacity.slo",
+                fix='give level SLOs such as "tpot_p99_ms<=50"',
+            )
+        return slos
 
 
 class LoadPlan(StrictModel):
@@ -94,6 +146,11 @@ class LoadPlan(StrictModel):
         "output throughput is narrower than this fraction of it (0.02: 2%); requests_per_level or "
         "duration_s is then the most it runs. None: every level runs in full. Open-loop levels ignore it.",
     )
+    capacity: CapacitySearch | None = Field(
+        default=None,
+        description="After the levels, search each server's capacity under SLOs with up to max_probes "
+        "probe levels of requests_per_level / duration_s each (docs/results.md: capacity).",
+    )
     workload: Workload = Field(
         default_factory=lambda: RandomIdsWorkload(input_tokens=128, output_tokens=128),
         description="What each request asks for: random_ids (token ids on /generate, exact lengths) or "
@@ -102,8 +159,10 @@ class LoadPlan(StrictModel):
 
     @model_validator(mode="after")
     def _one_size_and_some_levels(self) -> LoadPlan:
-        if not self.concurrency and not self.rates:
-            raise ValueError("load: give at least one load level in `concurrency` or `rates`")
+        if not self.concurrency and not self.rates and self.capacity is None:
+            raise ValueError(
+                "load: give at least one load level in `concurrency` or `rates`, or a `capacity` search"
+            )
         check_one_size(
             self.requests_per_level, self.duration_s, "`requests_per_level`", "`duration_s`", where="load: "
         )
@@ -121,11 +180,6 @@ class LoadPlan(StrictModel):
         each by load). Warmup runs before every level (at its load, not recorded), then the cache is
         flushed, so no level starts cold or on the previous level's cached prefixes, and SGLang's
         server-side averages cover one level each."""
-        size = (
-            {"requests": self.requests_per_level}
-            if self.requests_per_level is not None
-            else {"duration_s": self.duration_s}
-        )
         shapes: list[dict[str, Any]] = [{"concurrency": c} for c in sorted(self.concurrency)]
         arrival = {"arrival": self.arrival, "burstiness": self.burstiness}
         shapes += [
@@ -135,20 +189,41 @@ class LoadPlan(StrictModel):
             shapes.reverse()
         elif self.level_order == "shuffled":
             random.Random(seed).shuffle(shapes)
-        return [
-            LoadLevel(
-                **shape,
-                **size,
-                warmup_requests=self.warmup_requests,
-                ramp_up_s=self.ramp_up_s,
-                flush_cache=True,
-                flush_timeout_s=self.flush_timeout_s,
-                request_timeout_s=request_timeout_s,
-                precision=self.precision if "concurrency" in shape else None,
-                seed=seed,
-            )
-            for shape in shapes
-        ]
+        return [self._level(shape, seed=seed, request_timeout_s=request_timeout_s) for shape in shapes]
+
+    def probe_level(self, load: float, *, seed: int, request_timeout_s: float) -> LoadLevel:
+        """One probe of the capacity search at ``load`` (a rate or a concurrency, as its kind says),
+        sized, warmed up and flushed like every level."""
+        assert self.capacity is not None
+        shape: dict[str, Any] = (
+            {"concurrency": int(load)}
+            if self.capacity.kind == "concurrency"
+            else {
+                "rate_rps": load,
+                "max_concurrency": self.max_concurrency,
+                "arrival": self.arrival,
+                "burstiness": self.burstiness,
+            }
+        )
+        return self._level(shape, seed=seed, request_timeout_s=request_timeout_s)
+
+    def _level(self, shape: dict[str, Any], *, seed: int, request_timeout_s: float) -> LoadLevel:
+        size = (
+            {"requests": self.requests_per_level}
+            if self.requests_per_level is not None
+            else {"duration_s": self.duration_s}
+        )
+        return LoadLevel(
+            **shape,
+            **size,
+            warmup_requests=self.warmup_requests,
+            ramp_up_s=self.ramp_up_s,
+            flush_cache=True,
+            flush_timeout_s=self.flush_timeout_s,
+            request_timeout_s=request_timeout_s,
+            precision=self.precision if "concurrency" in shape else None,
+            seed=seed,
+        )
 
 
 class LoadLevel(BaseModel):

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from harness.commands.base import Command
 
+CAPACITY = "capacity"  # --objective capacity: rank by the capacity search's result, not a level metric
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -50,7 +52,8 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         "--objective",
         default=DEFAULT_OBJECTIVE,
         metavar="METRIC",
-        help=f"what to rank by: a level metric or {aliases} (default {DEFAULT_OBJECTIVE})",
+        help=f"what to rank by: a level metric, {aliases}, or capacity (the load.capacity search's "
+        f"highest load within its SLOs; best only) (default {DEFAULT_OBJECTIVE})",
     )
     parser.add_argument(
         "--confidence",
@@ -156,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.by == "category":
         return _run_by_category(args, open_store(args.out))
+    if args.objective == CAPACITY:
+        return _run_capacity(args, open_store(args.out))
     con, selection = selection_from_args(args, open_store(args.out))
     deployment = None
     if args.emit is not None:
@@ -201,6 +206,40 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
         print(json.dumps({"by": "category", "levels": [dataclasses.asdict(c) for c in choices]}, indent=2))
     else:
         print(format_by_category(choices))
+    return 0
+
+
+def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
+    """``--objective capacity``: configs by the highest load their capacity search found within its SLOs."""
+    from analysis.capacity import capacity_text, rank_by_capacity
+    from analysis.views import connect, readable_results
+
+    if args.emit is not None:
+        from specsweep.errors import ResultsError
+
+        raise ResultsError(
+            "--emit picks per-level winners; it does not take --objective capacity",
+            where="--emit",
+            fix="run `best --emit DIR` with a level objective (the default throughput)",
+        )
+    with readable_results(store):
+        con = connect(store)
+        choices = rank_by_capacity(con)
+        con.close()
+    if args.json:
+        print(
+            json.dumps({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]}, indent=2)
+        )
+        return 0
+    first = choices[0]
+    lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
+    lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
+    for c in choices:
+        lines.append(
+            f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {c.launches:>8} {c.probes:>6}"
+        )
+    lines.append(f"   launch: {first.launch_command or '(unknown)'}")
+    print("\n".join(lines))
     return 0
 
 

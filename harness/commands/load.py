@@ -1,7 +1,9 @@
 """``specsweep load``: one load level against any running SGLang (or simulated) server, to a Parquet file.
 
 The file holds one row per measured request (``analysis.schema.REQUESTS_SCHEMA``); its metadata keeps
-the level, the workload and the client-added delay measured before the run. A summary (rates, latency
+the level, the workload and the client-added delay measured before the run. While the level runs, the
+rows of finished requests are written every second to ``OUT.partial/`` (``spill_dir``), so a load that
+is killed keeps what it measured; the finished file replaces that directory. A summary (rates, latency
 medians, error counts) is printed from the same rows the analysis reads.
 
 Exit codes: 0 when at least one measured request succeeded (partial failure included: the summary
@@ -12,7 +14,9 @@ from a good run by scripts), 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,7 +136,14 @@ def run(args: argparse.Namespace) -> int:
         workload.prompts()  # a bad prompts file fails here, before any request is sent
     out = Path(args.out)
     check_output_file(out)  # before the load, not after it
-    result = run_load(args.url, level, workload)
+    spill = spill_dir(out)
+    spill.mkdir()
+    try:
+        result = run_load(args.url, level, workload, spill=spill)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            spill.rmdir()  # kept only when it holds measured rows
+        raise
     table = requests_table(result.records)
     run_info = {
         "client_delay": result.client_delay.to_json_dict(),
@@ -153,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     write_parquet_atomic(table, out)
+    shutil.rmtree(spill)  # its rows are all in OUT now
     _print_summary(result, out)
     if result.interrupted:
         print("interrupted: the records made until then were written", file=sys.stderr)
@@ -163,8 +175,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def spill_dir(out: Path) -> Path:
+    """Where the rows go while the level runs (``OUT.partial/``, one Parquet part a second): a killed
+    load leaves its measured rows there; a finished one replaces it with OUT."""
+    return out.with_name(out.name + ".partial")
+
+
 def check_output_file(out: Path) -> None:
-    """Refuse an --out that is a directory or cannot be written, before any request is sent."""
+    """Refuse, before any request is sent, an --out that is a directory or cannot be written, or whose
+    spill directory still holds the rows of a killed run."""
     from harness.results import check_output_dir
 
     if out.is_dir():
@@ -172,6 +191,14 @@ def check_output_file(out: Path) -> None:
             "--out is a directory", where=str(out), fix="pass a file name, e.g. --out records.parquet"
         )
     check_output_dir(out.parent)
+    spill = spill_dir(out)
+    if spill.exists():
+        raise ResultsError(
+            "holds the rows of an earlier load that was killed before it finished",
+            where=str(spill),
+            fix=f"keep them elsewhere (they are Parquet parts: pyarrow.parquet.read_table('{spill}')) or delete "
+            "the directory, then run again",
+        )
 
 
 def _error_classes(result: LoadResult) -> str:

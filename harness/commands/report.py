@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.commands.base import Command
 from harness.commands.best import add_selection_arguments, selection_from_args
-from specsweep.errors import ResultsError
+from specsweep.errors import ResultsError, disk_full_error, is_disk_full
 
 REPORT = "report.html"
 
@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         target = write_report(html, target)
     except OSError as err:
+        if is_disk_full(err):
+            raise disk_full_error(err, where=str(target), doing="writing the report") from None
         raise ResultsError(
             f"cannot write the report: {err.strerror}", where=str(target), fix="choose a writable -o FILE"
         ) from None

@@ -17,6 +17,7 @@ from harness.commands.plan import (
 )
 from harness.plan import check_prompt_set, unchecked_plan
 from harness.spec import load_spec
+from specsweep.errors import DiskFullError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
         summary = run_sweep(
             spec, text, plan, out, ray_address=args.ray_address, resume=args.resume, progress=progress
         )
+    except DiskFullError as err:
+        raise DiskFullError(
+            err.problem,
+            where=err.where,
+            fix=f"free space on that disk, then continue with `{resume_command(args, location)}`",
+        ) from None
     finally:
         progress.close()
     counts = summary.counts

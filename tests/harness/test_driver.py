@@ -296,7 +296,9 @@ def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
 def test_driver_refuses_second_driver_when_sweep_is_locked(
     cluster: Any, models: dict[str, str], tmp_path: Path
 ) -> None:
-    """The named-actor lock: a second driver on the same sweep (even with another --out) is refused."""
+    """The named-actor lock: a second driver on the same sweep (even with another --out) is refused, and
+    the refusal leaves no queue in its OUT, so once the first driver is gone a plain run (no --resume)
+    starts there."""
     data = make_spec(models, tmp_path / "out", speculative=None)
     spec = parse_spec(data)
     lock = _acquire_driver_lock(spec.sweep_id(), tmp_path / "elsewhere")
@@ -307,6 +309,9 @@ def test_driver_refuses_second_driver_when_sweep_is_locked(
         import ray
 
         ray.kill(lock)
+    assert not (tmp_path / "out" / "queue.sqlite").exists()
+    summary, _ = run(data)
+    assert summary.counts["done"] == 1 and not summary.interrupted
 
 
 def test_driver_refuses_then_fails_once_when_base_args_have_a_bad_flag(

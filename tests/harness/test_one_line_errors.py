@@ -15,6 +15,7 @@ from harness.commands.run import resume_command
 from harness.queue import QUEUE_FILE, JobQueue
 from harness.results import claim_output_dir
 from specsweep.errors import ResultsError
+from tests.conftest import fill
 from tests.object_store import S3Server, free_port
 
 SPEC = {
@@ -115,6 +116,21 @@ def test_report_refuses_a_directory_target_before_the_work_when_o_is_a_directory
     write_sweep(out, standard_sweep(requests_per_level=20, concurrencies=(1,)))
     assert main(["report", str(out), "-o", str(tmp_path)]) == 2
     one_line_error(capsys, "is a directory", "-o report.html")
+
+
+def test_report_says_the_disk_is_full_with_exit_5_when_its_target_disk_is_full(
+    small_disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report -o` onto a full disk: one line naming the target and the full disk, exit 5 (DiskFullError),
+    no report and no temporary file left."""
+    out = tmp_path / "out"
+    write_sweep(out, standard_sweep(requests_per_level=20, concurrencies=(1,)))
+    fill(small_disk)
+    target = small_disk / "report.html"
+    assert main(["report", str(out), "-o", str(target)]) == 5
+    err = one_line_error(capsys, str(target), "the disk is full", "No space left on device", "fix:")
+    assert len(err.strip().splitlines()) == 2, err
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
 @pytest.mark.parametrize("command", ["best", "report", "sql"])

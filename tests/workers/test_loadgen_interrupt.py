@@ -42,6 +42,7 @@ def test_load_writes_cut_off_rows_without_a_traceback_when_interrupted(
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stdout + stderr
     assert "Traceback" not in stderr and "Task exception" not in stderr, stderr
+    assert not out.with_name(out.name + ".partial").exists()  # the spilled rows are all in the file
     rows = pq.read_table(out).to_pylist()
     kinds = {r["error_type"] for r in rows}
     assert "connection_reset" not in kinds, kinds

@@ -72,6 +72,7 @@ _ERROR_BODY_BYTES = 2048
 _PRECONNECT_TIMEOUT = aiohttp.ClientTimeout(total=10)
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _WORKLOAD_ADAPTER: TypeAdapter[Workload] = TypeAdapter(Workload)
+SPILL_INTERVAL_S = 1.0  # how often finished requests are written to the spill directory (run_load's spill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,33 @@ class _Outcome:
 def _records(outcomes: Iterable[_Outcome]) -> list[RequestRecord]:
     """Each outcome's record; latencies only from what was measured."""
     return [_record(outcome) for outcome in outcomes]
+
+
+@dataclass(slots=True)
+class _Spill:
+    """Writes the records of finished requests to ``directory`` as they come in, so a process killed
+    mid-level (kill -9, the OOM killer) leaves the requests it measured on disk: every
+    ``SPILL_INTERVAL_S`` one Parquet part (``<prefix>-<n>.parquet``, temp name + rename) of the outcomes
+    finished since the last part. Converting them costs the loop about as much as building the records
+    at the end does, spread over the level; the node worker, whose killed attempt is run again anyway,
+    does not spill."""
+
+    directory: Path
+    prefix: str
+    written: int = 0  # outcomes already in a part
+    parts: int = 0
+
+    async def run(self, outcomes: list[_Outcome], stop: asyncio.Event) -> None:
+        """Spill every ``SPILL_INTERVAL_S`` until ``stop`` is set (a write in progress completes)."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), SPILL_INTERVAL_S)
+            end = len(outcomes)
+            if end > self.written and not stop.is_set():
+                table = requests_table(_records(outcomes[self.written : end]))
+                self.written, self.parts = end, self.parts + 1
+                path = self.directory / f"{self.prefix}-{self.parts:06d}.parquet"
+                await asyncio.to_thread(write_parquet_atomic, table, path)
 
 
 async def _send(
@@ -541,19 +569,30 @@ async def _run_measured(
     shard: _Shard,
     t0_ns: int,
     outcomes: list[_Outcome],
+    spill: Path | None,
 ) -> None:
-    """This process's share of the measured requests, starting at ``t0_ns``, appended to ``outcomes``."""
+    """This process's share of the measured requests, starting at ``t0_ns``, appended to ``outcomes``
+    (and, with ``spill``, written there as they finish)."""
     ctx = _Context(base_url, level, t0_ns, warmup=False)
     deadline = t0_ns + round(level.duration_s * 1e9) if level.duration_s is not None else None
-    await _sleep_until(t0_ns)
-    if level.concurrency is not None:
-        streams = shard.share(level.concurrency)
-        ramp = shard.ramp_offsets_ns(level)
-        await _closed_loop(session, ctx, requests, streams, deadline, outcomes, ramp)
-    else:
-        offsets = (o for k, o in enumerate(arrival_offsets_ns(level)) if k % shard.count == shard.index)
-        cap = shard.share(level.max_concurrency) if level.max_concurrency else None
-        await _open_loop(session, ctx, requests, offsets, cap, deadline, outcomes)
+    stop = asyncio.Event()
+    spilling = None
+    if spill is not None:
+        spilling = asyncio.create_task(_Spill(spill, f"shard{shard.index}").run(outcomes, stop))
+    try:
+        await _sleep_until(t0_ns)
+        if level.concurrency is not None:
+            streams = shard.share(level.concurrency)
+            ramp = shard.ramp_offsets_ns(level)
+            await _closed_loop(session, ctx, requests, streams, deadline, outcomes, ramp)
+        else:
+            offsets = (o for k, o in enumerate(arrival_offsets_ns(level)) if k % shard.count == shard.index)
+            cap = shard.share(level.max_concurrency) if level.max_concurrency else None
+            await _open_loop(session, ctx, requests, offsets, cap, deadline, outcomes)
+    finally:
+        stop.set()
+        if spilling is not None:
+            await asyncio.shield(spilling)  # a part being written is finished, even on Ctrl-C
 
 
 async def _open_connections(session: aiohttp.ClientSession, base_url: str, count: int | None) -> None:
@@ -681,8 +720,17 @@ def auto_processes(level: LoadLevel) -> int:
     return max(1, min((os.cpu_count() or 2) // 2, math.ceil(streams / STREAMS_PER_PROCESS)))
 
 
-def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_streams: int = 32) -> LoadResult:
-    """Run one load level against ``url`` (``http://host:port``) and return every request's record."""
+def run_load(
+    url: str,
+    level: LoadLevel,
+    workload: Workload,
+    *,
+    calibration_streams: int = 32,
+    spill: Path | None = None,
+) -> LoadResult:
+    """Run one load level against ``url`` (``http://host:port``) and return every request's record. With
+    ``spill`` (an existing directory), the measured records are also written there as requests finish
+    (``_Spill``), so a killed process leaves them on disk; the caller removes it once the result is kept."""
     base_url = url.rstrip("/")
     processes = auto_processes(level)
     client_delay = _run_async(lambda: _calibrate(calibration_streams))
@@ -700,9 +748,9 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
     with _no_gc_pauses():
         try:
             if processes == 1:
-                _run_async(lambda: _run_one_process(base_url, level, workload, outcomes, t0))
+                _run_async(lambda: _run_one_process(base_url, level, workload, outcomes, t0, spill))
             else:
-                _run_shard_processes(base_url, level, workload, processes, records, t0)
+                _run_shard_processes(base_url, level, workload, processes, records, t0, spill)
         except KeyboardInterrupt:  # in-flight requests became cut_off records; keep them all
             interrupted = True
         records.extend(_records(outcomes))
@@ -727,14 +775,19 @@ def run_load(url: str, level: LoadLevel, workload: Workload, *, calibration_stre
 
 
 async def _run_one_process(
-    base_url: str, level: LoadLevel, workload: Workload, outcomes: list[_Outcome], t0: list[int]
+    base_url: str,
+    level: LoadLevel,
+    workload: Workload,
+    outcomes: list[_Outcome],
+    t0: list[int],
+    spill: Path | None,
 ) -> None:
     shard = _Shard(0, 1)
     requests = _prepared_requests(level, workload, shard)
     async with _session(level.streams, level) as session:
         await _open_connections(session, base_url, level.streams)
         t0[0] = time.perf_counter_ns()
-        await _run_measured(session, base_url, level, requests, shard, t0[0], outcomes)
+        await _run_measured(session, base_url, level, requests, shard, t0[0], outcomes, spill)
 
 
 def measurement_window(level: LoadLevel, records: list[RequestRecord]) -> tuple[int, int]:
@@ -801,6 +854,7 @@ def _run_shard_processes(
     processes: int,
     records: list[RequestRecord],
     t0: list[int],
+    spill: Path | None,
 ) -> None:
     """Start ``processes`` shard processes, let them all begin at one instant, merge their records.
 
@@ -817,6 +871,7 @@ def _run_shard_processes(
                 "shard": index,
                 "shards": processes,
                 "out": str(Path(tmp) / f"part-{index}.parquet"),
+                "spill": None if spill is None else str(spill),
             }
             child = subprocess.Popen(
                 [sys.executable, "-m", "workers.load.generator"],
@@ -877,7 +932,8 @@ def _shard_main() -> int:
             await _open_connections(session, job["url"], streams)
             print("ready", flush=True)
             t0_ns = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
-            await _run_measured(session, job["url"], level, requests, shard, t0_ns, outcomes)
+            spill = None if job["spill"] is None else Path(job["spill"])
+            await _run_measured(session, job["url"], level, requests, shard, t0_ns, outcomes, spill)
 
     # On Ctrl-C in-flight requests become cut_off records; all records are written either way.
     with _no_gc_pauses():

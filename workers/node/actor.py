@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from analysis import layout
 from analysis.schema import (
+    CapacityProbeRecord,
     JobRecord,
     LevelRecord,
     RequestRecord,
+    capacity_table,
     jobs_table,
     levels_table,
     requests_table,
@@ -38,7 +40,7 @@ from analysis.schema import (
 from specsweep.error_classes import ErrorClass
 from specsweep.errors import ConversionError, WorkloadError
 from workers.convert.cache import converted_drafter
-from workers.job import AttemptResult, JobSpec
+from workers.job import AttemptResult, JobSpec, LoadLevel
 from workers.node.launcher import (
     PidFile,
     ServerConfig,
@@ -83,6 +85,7 @@ class _Attempt:
     facts: AttemptFacts
     entered: float  # time.monotonic() when run_job was called
     telemetry: dict[str, pa.Table] = field(default_factory=dict)  # server_metrics, gpu_metrics
+    probes: list[CapacityProbeRecord] = field(default_factory=list)  # the capacity search's, if any
 
 
 def config_mismatches(planned: SpecParams, live: SpecParams) -> list[str]:
@@ -234,6 +237,8 @@ class NodeWorker:
         )
         try:
             self._run_levels(state, server, telemetry, workload, requests, levels)
+            if job.load.capacity is not None:
+                self._search_capacity(state, server, workload)
         finally:
             state.telemetry = telemetry.stop(job.sweep_id, job.job_id)
         self._snapshot_metrics(server, state)
@@ -248,51 +253,94 @@ class NodeWorker:
         requests: list[RequestRecord],
         levels: list[LevelRecord],
     ) -> None:
+        job = state.job
+        plan = job.load.levels(seed=job.seed, request_timeout_s=job.timeouts.request_s)
+        for run_index, level in enumerate(plan):
+            records, summary = self._run_level(state, server, level, workload, run_index, telemetry)
+            requests.extend(records)
+            levels.append(summary)
+
+    def _run_level(
+        self,
+        state: _Attempt,
+        server: ServerProcess,
+        level: LoadLevel,
+        workload: Workload,
+        run_index: int,
+        telemetry: AttemptTelemetry | None = None,
+    ) -> tuple[list[RequestRecord], LevelRecord]:
+        """Run one level on the server (watched, flushed, checked alive) and summarise it; ``telemetry``
+        cuts the sampled series to it (capacity probes are not sampled)."""
         from analysis.levels import summarize_level
         from workers.load.generator import run_load
 
         job = state.job
-        plan = job.load.levels(seed=job.seed, request_timeout_s=job.timeouts.request_s)
-        for run_index, level in enumerate(plan):
-            self._check_cancel()
-            entered_ns = time.perf_counter_ns()
-            if job.telemetry.profile_steps is not None:
-                self._profile(state, server, level.label)
-            with LevelWatch(server, job.timeouts.level_s, job.timeouts.stop_s) as watch:
-                result = run_load(server.url, level, workload)
+        self._check_cancel()
+        entered_ns = time.perf_counter_ns()
+        if job.telemetry.profile_steps is not None and telemetry is not None:
+            self._profile(state, server, level.label)
+        with LevelWatch(server, job.timeouts.level_s, job.timeouts.stop_s) as watch:
+            result = run_load(server.url, level, workload)
+        if telemetry is not None:
             telemetry.level(level.label, entered_ns, result.t0_ns)
-            self._check_cancel()
-            watch.raise_if_ended()
-            self._check_alive(server)
-            if result.cache_flushed is False and not job.load.allow_failed_flush:
-                raise ServerFailure(
-                    ErrorClass.CACHE_FLUSH_FAILED,
-                    f"/flush_cache before level {level.label} did not succeed within "
-                    f"{level.flush_timeout_s:g} s, so its requests could hit the prefix cache; "
-                    "set load.allow_failed_flush to keep such levels",
-                    server.log_tail(),
-                )
-            info = self._server_info(server)
-            requests.extend(result.records)
-            table = requests_table(result.records)
-            levels.append(
-                summarize_level(
-                    table,
-                    sweep_id=job.sweep_id,
-                    job_id=job.job_id,
-                    load_level=level.label,
-                    window_start_s=result.window_start_s,
-                    window_end_s=result.window_end_s,
-                    gpus=job.gpus,
-                    server_accept_length=server_accept_length(info),
-                    client_delay_p50_us=result.client_delay.p50_us,
-                    client_delay_p99_us=result.client_delay.p99_us,
-                    run_index=run_index,
-                    cache_flushed=result.cache_flushed,
-                    stop_reason=result.stop_reason,
+        self._check_cancel()
+        watch.raise_if_ended()
+        self._check_alive(server)
+        if result.cache_flushed is False and not job.load.allow_failed_flush:
+            raise ServerFailure(
+                ErrorClass.CACHE_FLUSH_FAILED,
+                f"/flush_cache before level {level.label} did not succeed within "
+                f"{level.flush_timeout_s:g} s, so its requests could hit the prefix cache; "
+                "set load.allow_failed_flush to keep such levels",
+                server.log_tail(),
+            )
+        info = self._server_info(server)
+        summary = summarize_level(
+            requests_table(result.records),
+            sweep_id=job.sweep_id,
+            job_id=job.job_id,
+            load_level=level.label,
+            window_start_s=result.window_start_s,
+            window_end_s=result.window_end_s,
+            gpus=job.gpus,
+            server_accept_length=server_accept_length(info),
+            client_delay_p50_us=result.client_delay.p50_us,
+            client_delay_p99_us=result.client_delay.p99_us,
+            run_index=run_index,
+            cache_flushed=result.cache_flushed,
+            stop_reason=result.stop_reason,
+        )
+        state.facts = replace(state.facts, server_info=info)
+        return result.records, summary
+
+    def _search_capacity(self, state: _Attempt, server: ServerProcess, workload: Workload) -> None:
+        """Bisect the load at which the capacity SLOs hold, one probe level at a time on this server."""
+        from workers.load.capacity import Verdict, search_capacity, verdict
+
+        job = state.job
+        search = job.load.capacity
+        assert search is not None
+        slos = search.slos()
+
+        def probe(load: float) -> Verdict:
+            level = job.load.probe_level(load, seed=job.seed, request_timeout_s=job.timeouts.request_s)
+            record = self._run_level(state, server, level, workload, len(state.probes))[1]
+            judged = verdict(slos, record)
+            state.probes.append(
+                CapacityProbeRecord(
+                    record, search.kind, search.slo, len(state.probes), load, judged.passed, judged.margin
                 )
             )
-            state.facts = replace(state.facts, server_info=info)
+            return judged
+
+        outcome = search_capacity(search, probe)
+        log.info(
+            "job %s: capacity %s (%s) after %d probes",
+            job.job_id,
+            outcome.capacity,
+            outcome.bound,
+            len(outcome.probes),
+        )
 
     # --- steps ------------------------------------------------------------------------------------------
 
@@ -413,6 +461,7 @@ class NodeWorker:
             tables = {
                 "requests": requests_table(requests),
                 "levels": levels_table(levels),
+                **({"capacity": capacity_table(state.probes)} if state.job.load.capacity else {}),
                 **state.telemetry,
                 **tables,
             }

@@ -28,8 +28,10 @@ Model (all times in seconds at time scale 1, i.e. as on the real hardware the pr
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import mean
@@ -209,6 +211,9 @@ class Load:
     mix: tuple[tuple[str, float], ...] = ()
 
 
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)  # the per-request TPOT quantiles ground_truth reports
+
+
 @dataclass(frozen=True, slots=True)
 class GroundTruth:
     """What a config delivers under a load, in seconds at time scale 1 (means over requests)."""
@@ -221,6 +226,7 @@ class GroundTruth:
     ttft_s: float
     request_latency_s: float
     output_throughput: float  # output tokens per second over the whole run
+    tpot_quantiles: tuple[float, ...] = ()  # per-request TPOT at QUANTILES (linear, as quantile_cont)
     accept_length_by_category: tuple[tuple[str, float], ...] = ()  # each category's expected value
 
 
@@ -351,7 +357,55 @@ def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int
         request_latency_s=mean(end - f.arrival for f, end in finished),
         output_throughput=len(finished) * load.output_len / wall,
         accept_length_by_category=by_category,
+        tpot_quantiles=tuple(
+            quantile([(end - f.first_token) / decode_tokens for f, end in finished], q) for q in QUANTILES
+        )
+        if decode_tokens
+        else (),
     )
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile with linear interpolation between order statistics (DuckDB's ``quantile_cont``)."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def open_loop_tpot_quantiles(
+    profile: SimProfile,
+    spec: SpecParams,
+    rate_rps: float,
+    load: Load,
+    *,
+    runs: int,
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> tuple[float, ...]:
+    """Per-request TPOT at QUANTILES (simulated seconds) of an open loop: ``load.num_requests`` requests
+    arriving on an idle server at ``rate_rps`` with gamma gaps of shape ``burstiness`` (1: Poisson), as
+    one open-loop level sends them (``load.concurrency`` is unused); the requests of ``runs`` seeded
+    runs are pooled."""
+    shape = DraftShape.from_spec(spec)
+    mix = load.mix or ((profile.default_category, 1.0),)
+    probs = {
+        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
+        for name, _ in mix
+    }
+    rng = random.Random(seed)
+    tpots: list[float] = []
+    for _ in range(runs):
+        schedule, at = [], 0.0
+        for _ in range(load.num_requests):  # the first request after one gap, as the load generator
+            at += rng.gammavariate(burstiness, 1.0 / (rate_rps * burstiness))
+            schedule.append(at)
+        finished = _closed_loop_run(
+            profile, shape, probs, mix, spec.max_running_requests, load, rng, schedule
+        )
+        tpots += [(end - f.first_token) / (load.output_len - 1) for f, end in finished]
+    return tuple(quantile(tpots, q) for q in QUANTILES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,8 +433,10 @@ def steady_state(
     a prefill), then each stream sends its next request as soon as one finishes
     (``ground_truth``'s clients). ``load.num_requests`` is ignored: the run lasts about as many request
     latencies as ``STEADY_REQUESTS`` need (at least 12), and the statistics are over the requests that
-    arrive after the first two and before the last two. A replacement request lands just after the iteration that finished its
-    predecessor has begun, so its TTFT is a whole decode step plus its prefill: the steady-state tail.
+    arrive after the first two and before the last two. A replacement request lands just after the
+    iteration that finished its predecessor has begun, so its TTFT is a whole decode step plus its
+    prefill: the steady-state tail. The ramp must be shorter than a request (no request ends before the
+    last stream starts).
     """
     shape = DraftShape.from_spec(spec)
     mix = load.mix or ((profile.default_category, 1.0),)
@@ -403,26 +459,18 @@ def steady_state(
         load.concurrency, load.input_len, load.output_len, load.concurrency * cycles, load.temperature, mix
     )
     done = _closed_loop_run(
-        profile, shape, probs, mix, spec.max_running_requests, run, random.Random(seed), starts=starts
+        profile, shape, probs, mix, spec.max_running_requests, run, random.Random(seed), starts
     )
     steady = [(f, end) for f, end in done if 2 * cycle <= f.arrival <= (cycles - 2) * cycle]
-    ttfts = sorted(f.first_token - f.arrival for f, _ in steady)
+    ttfts = [f.first_token - f.arrival for f, _ in steady]
     latency = mean(end - f.arrival for f, end in steady)
     return SteadyState(
-        ttft_p99_s=_quantile(ttfts, 0.99),
+        ttft_p99_s=quantile(ttfts, 0.99),
         ttft_mean_s=mean(ttfts),
         tpot_s=mean((end - f.first_token) / (load.output_len - 1) for f, end in steady),
         output_throughput=load.concurrency * load.output_len / latency,
         requests=len(steady),
     )
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default, DuckDB's quantile_cont)."""
-    h = (len(ordered) - 1) * q
-    low = math.floor(h)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (h - low) * (ordered[high] - ordered[low])
 
 
 def mix_accept_length(
@@ -451,21 +499,22 @@ def _closed_loop_run(
     max_running: int | None,
     load: Load,
     rng: random.Random,
-    starts: list[float] | None = None,
+    schedule: list[float] | None = None,
 ) -> list[tuple[_Flight, float]]:
-    """One run of ``load``: (request, finish time) for every request; the streams' first requests
-    arrive at ``starts`` (default: all at time 0)."""
+    """One run of ``load``: (request, finish time) for every request. With ``schedule`` (sorted arrival
+    times) the first requests arrive then instead of all at 0: ``load.num_requests`` of them make an open
+    loop (nothing is sent when a request finishes), one per stream a closed loop that ramps up."""
     now = 0.0
-    arrivals: list[float] = (starts or [0.0] * load.concurrency)[: min(load.concurrency, load.num_requests)]
+    arrivals = deque(schedule if schedule is not None else [0.0] * min(load.concurrency, load.num_requests))
     to_send = load.num_requests - len(arrivals)
     waiting: list[_Flight] = []
     running: list[_Flight] = []
     done: list[tuple[_Flight, float]] = []
     while len(done) < load.num_requests:
-        if not running and not waiting and not any(t <= now for t in arrivals):
-            now = min(arrivals)  # idle: the next arrival starts an iteration at once
-        waiting += [_Flight(t, probs[draw_category(mix, rng)]) for t in arrivals if t <= now]
-        arrivals = [t for t in arrivals if t > now]
+        if not running and not waiting and arrivals[0] > now:
+            now = arrivals[0]  # idle: the next arrival starts an iteration at once
+        while arrivals and arrivals[0] <= now:  # arrivals stay sorted
+            waiting.append(_Flight(arrivals.popleft(), probs[draw_category(mix, rng)]))
         admitted = admissions(len(waiting), len(running), max_running)
         if admitted:
             batch, waiting = waiting[:admitted], waiting[admitted:]
@@ -482,8 +531,8 @@ def _closed_loop_run(
         for flight in running:
             if flight.tokens >= load.output_len:
                 done.append((flight, now))
-                if to_send:  # the client's next request lands just after this iteration boundary
-                    arrivals.append(math.nextafter(now, math.inf))
+                if to_send:  # the client's next request lands just after this iteration boundary,
+                    bisect.insort(arrivals, math.nextafter(now, math.inf))  # before later ramp starts
                     to_send -= 1
             else:
                 still.append(flight)

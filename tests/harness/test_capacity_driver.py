@@ -1,0 +1,203 @@
+"""Capacity under SLO on a simulated Ray cluster: the search against the simulator's own truth.
+
+The cluster, models and spec helpers are test_driver's (imported, one cluster for this module). The truth
+is not found by a search: it is the simulator's performance model (``workers.sim.model.ground_truth``, the
+same scheduling, step costs and acceptance draws the simulated server runs) evaluated at every
+concurrency of the bracket, with many more requests than a probe sends.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.store import open_store
+from analysis.views import connect
+from harness.cli import main
+from tests.harness.test_driver import (  # noqa: F401  (fixtures used by name)
+    cluster,
+    env_dirs,
+    make_spec,
+    models,
+    rows,
+    run,
+)
+from workers.sglang import SpecParams
+from workers.sim.model import (
+    DEFAULT_PROFILE,
+    QUANTILES,
+    RANDOM_IDS,
+    Load,
+    ground_truth,
+    open_loop_tpot_quantiles,
+)
+
+pytestmark = pytest.mark.ray
+
+SCALE = 0.5  # real seconds per simulated second: a few ms of scheduling noise stay well under a TPOT step
+SLO_TPOT_P90_S = 0.035  # simulated seconds; the spec's limit is this x SCALE in real milliseconds
+INPUT, OUTPUT = 32, 64
+MIX = ((RANDOM_IDS, 1.0),)  # random token ids: the simulator's random_ids acceptance
+BURSTINESS = 20.0  # gamma arrivals of the rate probes (see below)
+CONFIGS = {
+    "baseline": SpecParams(),
+    "chain d=4": SpecParams(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+    ),
+}
+
+
+def true_concurrency(params: SpecParams, lo: int, hi: int, requests: int) -> float:
+    """The highest concurrency below the first one whose modelled per-request p90 TPOT breaks the SLO,
+    from the model at every concurrency of the bracket (a probe's closed loop of ``requests``, repeated
+    until 20,000 verify steps)."""
+    p90 = QUANTILES.index(0.9)
+    for concurrency in range(lo, hi + 1):
+        load = Load(concurrency, INPUT, OUTPUT, requests, mix=MIX)
+        if ground_truth(DEFAULT_PROFILE, params, load).tpot_quantiles[p90] > SLO_TPOT_P90_S:
+            return concurrency - 1
+    return hi
+
+
+def true_rate(params: SpecParams, lo: float, hi: float, requests: int) -> float:
+    """The highest rate before the modelled p90 TPOT of a probe's open loop (``requests`` gamma arrivals
+    on an idle server, 20 runs pooled) breaks the SLO: 8% steps up from ``lo`` to the first break, then
+    1% steps up from the last rate that held."""
+    p90 = QUANTILES.index(0.9)
+    load = Load(1, INPUT, OUTPUT, requests, mix=MIX)
+
+    def holds(rate: float) -> bool:
+        tpot = open_loop_tpot_quantiles(DEFAULT_PROFILE, params, rate, load, runs=20, burstiness=BURSTINESS)
+        return tpot[p90] <= SLO_TPOT_P90_S
+
+    rate = lo
+    for step in (1.08, 1.01):
+        while rate * step <= hi and holds(rate * step):
+            rate *= step
+    return rate
+
+
+def searched(
+    cluster_models: dict[str, str], out: Path, load: dict[str, Any]
+) -> tuple[dict[str, tuple[float, str, int]], list[tuple[str, float, bool]]]:
+    """Run a sweep of CONFIGS with ``load`` (one server at a time); each config's (capacity, bound,
+    probes) and every probe's (config, load, passed)."""
+    data = make_spec(
+        cluster_models,
+        out,
+        speculative={"chain_depths": [4]},
+        max_servers=1,  # one server at a time: two on this 2-core box would slow each other's clients
+        load={
+            "warmup_requests": 4,
+            "workload": {"kind": "random_ids", "input_tokens": INPUT, "output_tokens": OUTPUT},
+            **load,
+        },
+        timeouts={"startup_s": 60, "level_s": 120, "stop_s": 5, "placement_s": 60},
+        env={"SPECSWEEP_SIM_TIME_SCALE": str(SCALE)},
+    )
+    summary, log = run(data)
+    assert summary.counts["failed"] == 0 and summary.counts["done"] == len(CONFIGS), log
+    levels = len(load.get("concurrency", []))  # probes are neither levels nor requests rows
+    assert len(rows(out, "levels")) == levels * len(CONFIGS)
+    assert len(rows(out, "requests")) == levels * len(CONFIGS) * load["requests_per_level"]
+    con = connect(open_store(out))
+    found = {
+        label: (capacity, bound, probes)
+        for label, capacity, bound, probes in con.sql(
+            "SELECT config_label, capacity, bound, probes FROM capacity_results"
+        ).fetchall()
+    }
+    probes = con.sql(
+        "SELECT j.config_label, c.probe_load, c.passed FROM capacity c JOIN jobs j USING (sweep_id, job_id) "
+        "ORDER BY c.probe_index"
+    ).fetchall()
+    con.close()
+    return found, probes
+
+
+def check(
+    found: dict[str, tuple[float, str, int]], probes: list[tuple[str, float, bool]], truth: dict[str, float]
+) -> None:
+    """Within 5% of the truth in at most 8 probes, bracketed, every pass below every fail."""
+    report = [f"{label}: found {found[label]}, truth {truth[label]:.4g}" for label in CONFIGS]
+    print("\n".join(report))
+    for label in CONFIGS:
+        capacity, bound, count = found[label]
+        mine = [(load, passed) for lbl, load, passed in probes if lbl == label]
+        assert max(load for load, ok in mine if ok) < min(load for load, ok in mine if not ok), mine
+        assert bound == "bracketed" and count <= 8, report
+        assert abs(capacity - truth[label]) <= 0.05 * truth[label], (report, mine)
+
+
+def test_concurrency_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searched(
+    cluster: Any,  # noqa: F811  (the fixture imported above)
+    models: dict[str, str],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One launch per config runs a fixed level, then at most 8 closed-loop probes, and finds the
+    concurrency at which p90 TPOT meets the SLO within 5% of the model's; best --objective capacity ranks
+    the configs by it and the report shows and plots it."""
+    out = tmp_path / "out"
+    lo, hi, requests = 4, 96, 120
+    capacity = {"kind": "concurrency", "lo": float(lo), "hi": float(hi), "max_probes": 8}
+    found, probes = searched(
+        models,
+        out,
+        {
+            "concurrency": [2],
+            "requests_per_level": requests,
+            "capacity": {**capacity, "slo": f"tpot_p90_ms<={SLO_TPOT_P90_S * 1000 * SCALE:g}"},
+        },
+    )
+    check(found, probes, {label: true_concurrency(p, lo, hi, requests) for label, p in CONFIGS.items()})
+    capsys.readouterr()
+    assert main(["best", str(out), "--objective", "capacity", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert [r["config_label"] for r in ranked] == sorted(found, key=lambda k: -found[k][0])
+    assert [r["capacity"] for r in ranked] == sorted((f[0] for f in found.values()), reverse=True)
+    assert main(["best", str(out), "--objective", "capacity"]) == 0
+    text = capsys.readouterr().out
+    winner = ranked[0]
+    assert f"{winner['config_label']}" in text and f"{winner['capacity']:.4g} in flight" in text
+    assert main(["report", str(out), "-o", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "<section id='capacity'>" in page and "<figure id='plot-capacity'>" in page
+    assert f"{ranked[-1]['capacity']:.4g} in flight" in page
+
+
+def test_rate_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searched(
+    cluster: Any,  # noqa: F811
+    models: dict[str, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Open loop: at most 8 rate probes per launch find the rate at which p90 TPOT meets the SLO within
+    5% of the model's. Arrivals are gamma with shape 20 (gaps within about 22% of their mean): with
+    Poisson arrivals the p90 TPOT of one 200-request level varies 9-16% from level to level in the model
+    itself, which no single-launch search can resolve to 5% (docs/results.md, noisy verdicts)."""
+    lo, hi, requests = 2.0, 64.0, 200
+    found, probes = searched(
+        models,
+        tmp_path / "out",
+        {
+            "requests_per_level": requests,
+            "arrival": "gamma",
+            "burstiness": BURSTINESS,
+            "capacity": {
+                "kind": "rate",
+                "lo": lo,
+                "hi": hi,
+                "max_probes": 8,
+                "slo": f"tpot_p90_ms<={SLO_TPOT_P90_S * 1000 * SCALE:g}",
+            },
+        },
+    )
+    # the simulator runs at SCALE: a real rate r is the model's rate r x SCALE
+    model = {label: true_rate(p, lo * SCALE, hi * SCALE, requests) for label, p in CONFIGS.items()}
+    check(found, probes, {label: rate / SCALE for label, rate in model.items()})
