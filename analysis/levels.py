@@ -23,7 +23,8 @@ def summarize_level(
     sweep_id: str,
     job_id: str,
     load_level: str,
-    duration_s: float,
+    window_start_s: float,
+    window_end_s: float,
     gpus: int,
     server_accept_length: float | None,
     client_delay_p50_us: float | None = None,
@@ -34,8 +35,10 @@ def summarize_level(
 ) -> LevelRecord:
     """The ``levels`` row for ``load_level`` from ``requests`` (REQUESTS_SCHEMA rows of one job).
 
-    Rows of other levels and warmup rows are ignored. ``duration_s`` is the measured window of the
-    level (first non-warmup send to last completion) that rates divide by; ``gpus`` the GPUs the
+    Rows of other levels and warmup rows are ignored; the rows carry ``in_window`` and ``window_tokens``
+    for the level's measurement window ``window_start_s``..``window_end_s`` (seconds on the records'
+    clock, ``workers.load.generator.measurement_window``), whose length is the ``duration_s`` that rates
+    divide by; ``gpus`` the GPUs the
     server used; ``server_accept_length`` SGLang's own ``avg_spec_accept_length`` (null if absent);
     ``client_delay_*_us`` the load generator's calibration before the level (null if not measured);
     ``run_index`` the level's position in the job's run order; ``cache_flushed`` the flush's outcome.
@@ -43,8 +46,12 @@ def summarize_level(
     """
     import duckdb
 
+    duration_s = window_end_s - window_start_s
     if duration_s <= 0:
-        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+        raise ValueError(
+            f"level {load_level} has an empty measurement window ({window_start_s:g} s to {window_end_s:g} s): "
+            "nothing was sent after its ramp-up"
+        )
     if gpus <= 0:
         raise ValueError(f"gpus must be > 0, got {gpus}")
     missing = set(REQUESTS_SCHEMA.names) - set(requests.column_names)
@@ -82,6 +89,8 @@ def summarize_level(
         run_index=run_index,
         cache_flushed=cache_flushed,
         stop_reason=stop_reason,
+        window_start_s=float(window_start_s),
+        window_end_s=float(window_end_s),
         **summary,
     )
 

@@ -3,7 +3,9 @@
 The node worker summarises a load level with these definitions (``analysis.levels``), the views and
 ``best`` read the stored results by the same names, and the bootstrap in ``analysis.select``
 resamples requests with the same per-request value expressions. A metric is one of a few aggregate
-kinds over the non-warmup request rows of one job x load level:
+kinds over the non-warmup request rows of one job x load level, restricted to the level's steady-state
+measurement window: counts, latencies and acceptance over the requests sent inside it (``in_window``),
+output tokens over those that arrived inside it (``window_tokens``), rates over its length ``duration_s``:
 
 - ``Count`` and ``Sum``: rows matching a condition, and a sum of a per-request value.
 - ``Rate``: ``sum(value) / duration_s`` (optionally ``/ gpus``); resampled by the value's counts.
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from analysis.schema import ACCEPT_LENGTH_BIN_WIDTH, LEVEL_PERCENTILES
 
 OK = "error_type IS NULL"
+MEASURED = "in_window"  # sent inside the level's measurement window (ramp-up and drain left out)
+OK_MEASURED = f"{OK} AND {MEASURED}"
 # completion_tokens / spec_verify_ct of one request: tokens per verify step, bonus token included.
 ACCEPT_LENGTH_SQL = (
     f"CASE WHEN {OK} AND spec_verify_ct > 0 THEN completion_tokens::DOUBLE / spec_verify_ct END"
@@ -102,7 +106,7 @@ class FlatQuantile:
     def sql(self) -> str:
         return (
             f"(SELECT quantile_cont(x, {self.q}) FROM (SELECT unnest({self.values}) AS x "
-            f"FROM req WHERE {OK}))"
+            f"FROM req WHERE {OK_MEASURED}))"
         )
 
 
@@ -113,7 +117,7 @@ class FlatMean:
     values: str
 
     def sql(self) -> str:
-        return f"(SELECT avg(x) FROM (SELECT unnest({self.values}) AS x FROM req WHERE {OK}))"
+        return f"(SELECT avg(x) FROM (SELECT unnest({self.values}) AS x FROM req WHERE {OK_MEASURED}))"
 
 
 Aggregate = Count | Sum | Rate | Quantile | Mean | Ratio | FlatQuantile | FlatMean
@@ -139,7 +143,7 @@ class Metric:
 
 
 def _ok_value(column: str) -> str:
-    return f"CASE WHEN {OK} THEN {column} END"
+    return f"CASE WHEN {OK_MEASURED} THEN {column} END"
 
 
 def _latency_metrics(name: str, column: str, what: str) -> list[Metric]:
@@ -167,38 +171,49 @@ def _itl_metrics() -> list[Metric]:
     return metrics
 
 
-_OUTPUT_TOKENS = f"CASE WHEN {OK} THEN coalesce(completion_tokens, 0) ELSE 0 END"
+# Tokens of successful requests that arrived inside the window, whenever the request was sent: a level
+# shorter than a request's latency still measures its steady throughput.
+_OUTPUT_TOKENS = f"CASE WHEN {OK} THEN coalesce(window_tokens, 0) ELSE 0 END"
 
 METRICS: tuple[Metric, ...] = (
-    Metric("num_requests", "requests", None, "non-warmup requests sent at this level", Count("true")),
-    Metric("num_ok", "requests", None, "requests with error_type null", Count(OK)),
-    Metric("num_errors", "requests", None, "requests with an error_type", Count(f"NOT ({OK})")),
+    Metric("num_requests", "requests", None, "non-warmup requests sent inside the window", Count(MEASURED)),
+    Metric("num_ok", "requests", None, "of those, requests with error_type null", Count(OK_MEASURED)),
+    Metric(
+        "num_errors",
+        "requests",
+        None,
+        "of those, requests with an error_type",
+        Count(f"{MEASURED} AND NOT ({OK})"),
+    ),
     Metric(
         "error_rate",
         "fraction",
         None,
         "num_errors / num_requests",
-        Ratio(f"CASE WHEN {OK} THEN 0 ELSE 1 END", "1"),
+        Ratio(
+            f"CASE WHEN {MEASURED} AND NOT ({OK}) THEN 1 ELSE 0 END",
+            f"CASE WHEN {MEASURED} THEN 1 ELSE 0 END",
+        ),
     ),
     Metric(
         "achieved_rate_rps",
         "requests/s",
         "higher",
         "num_ok / duration_s",
-        Rate(f"CASE WHEN {OK} THEN 1 ELSE 0 END"),
+        Rate(f"CASE WHEN {OK_MEASURED} THEN 1 ELSE 0 END"),
     ),
     Metric(
         "output_tokens",
         "tokens",
         None,
-        "sum of completion_tokens of successful requests",
+        "output tokens of successful requests that arrived inside the window (window_tokens)",
         Sum(_OUTPUT_TOKENS),
     ),
     Metric(
         "output_tok_s",
         "tokens/s",
         "higher",
-        "sum(completion_tokens of successful requests) / duration_s",
+        "output_tokens / duration_s",
         Rate(_OUTPUT_TOKENS),
     ),
     Metric(
@@ -213,7 +228,7 @@ METRICS: tuple[Metric, ...] = (
         "tokens/s",
         "higher",
         "median over successful requests of 1000 / tpot_ms (one user's decode speed)",
-        Quantile(f"CASE WHEN {OK} AND tpot_ms > 0 THEN 1000.0 / tpot_ms END", 0.5),
+        Quantile(f"CASE WHEN {OK_MEASURED} AND tpot_ms > 0 THEN 1000.0 / tpot_ms END", 0.5),
     ),
     *_latency_metrics("ttft", "ttft_ms", "time to first token"),
     *_latency_metrics("tpot", "tpot_ms", "time per output token ((e2e - ttft) / (tokens - 1))"),
@@ -225,8 +240,8 @@ METRICS: tuple[Metric, ...] = (
         "higher",
         "sum(completion_tokens) / sum(spec_verify_ct) over successful requests with spec_verify_ct > 0",
         Ratio(
-            f"CASE WHEN {OK} AND spec_verify_ct > 0 THEN completion_tokens END",
-            f"CASE WHEN {OK} AND spec_verify_ct > 0 THEN spec_verify_ct END",
+            f"CASE WHEN {OK_MEASURED} AND spec_verify_ct > 0 THEN completion_tokens END",
+            f"CASE WHEN {OK_MEASURED} AND spec_verify_ct > 0 THEN spec_verify_ct END",
         ),
     ),
     *(
@@ -235,7 +250,7 @@ METRICS: tuple[Metric, ...] = (
             "tokens/step",
             "higher",
             f"p{p} over requests of completion_tokens / spec_verify_ct",
-            Quantile(ACCEPT_LENGTH_SQL, p / 100),
+            Quantile(f"CASE WHEN {MEASURED} THEN {ACCEPT_LENGTH_SQL} END", p / 100),
         )
         for p in (10, 50, 90)
     ),
@@ -248,7 +263,7 @@ ACCEPT_LENGTH_HIST_SQL = f"""(
     SELECT list_transform(range(b + 1), lambda i: list_count(list_filter(bins, lambda x: x = i)))
     FROM (SELECT list(floor(al / {ACCEPT_LENGTH_BIN_WIDTH})::BIGINT) AS bins,
                  max(floor(al / {ACCEPT_LENGTH_BIN_WIDTH})::BIGINT) AS b
-          FROM (SELECT {ACCEPT_LENGTH_SQL} AS al FROM req) WHERE al IS NOT NULL)
+          FROM (SELECT {ACCEPT_LENGTH_SQL} AS al FROM req WHERE {MEASURED}) WHERE al IS NOT NULL)
 )"""
 ACCEPT_LENGTH_HIST_FORMULA = (
     f"bin i counts successful requests whose completion_tokens / spec_verify_ct lies in "
@@ -260,7 +275,7 @@ CORRECT_DRAFTS_HISTOGRAM_SQL = f"""(
     FROM (SELECT k, sum(v)::BIGINT AS n
           FROM (SELECT unnest(spec_correct_drafts_histogram) AS v,
                        generate_subscripts(spec_correct_drafts_histogram, 1) - 1 AS k
-                FROM req WHERE {OK})
+                FROM req WHERE {OK_MEASURED})
           GROUP BY k)
 )"""
 CORRECT_DRAFTS_HISTOGRAM_FORMULA = (
@@ -270,7 +285,7 @@ CORRECT_DRAFTS_HISTOGRAM_FORMULA = (
 
 ERROR_COUNTS_SQL = f"""(
     SELECT coalesce(list({{'error_type': error_type, 'count': n}} ORDER BY n DESC, error_type), [])
-    FROM (SELECT error_type, count(*) AS n FROM req WHERE NOT ({OK}) GROUP BY error_type)
+    FROM (SELECT error_type, count(*) AS n FROM req WHERE {MEASURED} AND NOT ({OK}) GROUP BY error_type)
 )"""
 
 

@@ -535,7 +535,7 @@ def _latency_cdf_plot(
         rows = con.sql(
             "SELECT j.config_label, quantile_cont(r.ttft_ms, ?), quantile_cont(r.tpot_ms, ?) "
             "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
-            "WHERE j.status = 'done' AND r.load_level = ? AND NOT r.warmup AND r.error_type IS NULL "
+            "WHERE j.status = 'done' AND r.load_level = ? AND r.in_window AND r.error_type IS NULL "
             "GROUP BY j.config_label ORDER BY j.config_label",
             params=[probs, probs, level],
         ).fetchall()

@@ -69,6 +69,8 @@ class RequestRecord:
     category: str | None = None  # the workload's content category of the request
     dataset: str | None = None  # the prompt set it came from
     turn: int | None = None  # 0-based turn of a replayed conversation
+    in_window: bool = False  # sent inside its level's measurement window (warmup rows: false)
+    window_tokens: int | None = None  # its output tokens that arrived inside that window
 
 
 REQUESTS_SCHEMA = pa.schema(
@@ -106,6 +108,8 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("category", pa.string()),
         pa.field("dataset", pa.string()),
         pa.field("turn", pa.int32()),
+        pa.field("in_window", pa.bool_(), nullable=False),
+        pa.field("window_tokens", pa.int32()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "requests"},
 )
@@ -125,8 +129,10 @@ ACCEPT_LENGTH_BIN_WIDTH = 0.25
 class LevelRecord:
     """One load level of one job: counts, rates, latency percentiles and acceptance.
 
-    Warmup requests are excluded. Latency percentiles and per-user speed are over successful
-    requests (``error_type`` null); ``itl_*_ms`` are over all inter-token gaps of successful requests.
+    Warmup requests are excluded. Counts, latencies and acceptance are over the requests sent inside
+    the level's measurement window (``window_start_s`` to ``window_end_s``, ramp-up and drain left
+    out); output tokens are those that arrived inside it, and rates divide by its length
+    ``duration_s``. Latency percentiles and per-user speed are over successful requests (``error_type`` null); ``itl_*_ms`` are over all inter-token gaps of successful requests.
     ``accept_length_*`` use the per-request accept length ``completion_tokens / spec_verify_ct``;
     ``accept_length_mean`` is the token-weighted mean ``sum(completion_tokens) / sum(spec_verify_ct)``.
     """
@@ -176,6 +182,8 @@ class LevelRecord:
     run_index: int | None = None  # the level's position in its job's run order (0 first)
     cache_flushed: bool | None = None  # /flush_cache before the level succeeded; null when not asked
     stop_reason: str | None = None  # "precision" (a sequential level stopped early) or "limit"
+    window_start_s: float | None = None  # the measurement window, seconds after the level's start
+    window_end_s: float | None = None
 
 
 def _latency_fields(name: str) -> list[pa.Field]:
@@ -224,6 +232,8 @@ LEVELS_SCHEMA = pa.schema(
         pa.field("run_index", pa.int32()),
         pa.field("cache_flushed", pa.bool_()),
         pa.field("stop_reason", pa.string()),
+        pa.field("window_start_s", pa.float64()),
+        pa.field("window_end_s", pa.float64()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "levels"},
 )

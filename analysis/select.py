@@ -39,7 +39,7 @@ import numpy as np
 
 from analysis.goodput import GOODPUT_METRICS, goodput_metrics, meets_sql
 from analysis.layout import attempted_job_ids, committed_job_ids
-from analysis.metrics import METRICS_BY_NAME, Metric, Rate
+from analysis.metrics import MEASURED, METRICS_BY_NAME, Metric, Rate
 from analysis.slo import Slo, check_metric
 from analysis.store import ResultStore, as_store
 from analysis.views import Location, requests_of_jobs
@@ -369,10 +369,10 @@ def _load_runs(
 def _good_counts(
     con: duckdb.DuckDBPyConnection, out: ResultStore, job_ids: set[str], request_slos: tuple[Slo, ...]
 ) -> dict[tuple[str, str], tuple[int, int]]:
-    """Per (job, level): non-warmup requests that meet ``request_slos`` and all non-warmup requests."""
+    """Per (job, level): requests sent inside the window that meet ``request_slos``, and all of them."""
     rows = con.sql(
         f"SELECT job_id, load_level, count(*) FILTER (WHERE {meets_sql(request_slos)}), count(*) "
-        f"FROM {requests_of_jobs(out, job_ids)} WHERE NOT warmup GROUP BY job_id, load_level"
+        f"FROM {requests_of_jobs(out, job_ids)} WHERE {MEASURED} GROUP BY job_id, load_level"
     ).fetchall()
     return {(job_id, level): (good, total) for job_id, level, good, total in rows}
 

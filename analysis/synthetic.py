@@ -267,6 +267,8 @@ def _level_requests(
         "category": pa.array(["random_ids"] * n, pa.string()),
         "dataset": pa.nulls(n, pa.string()),
         "turn": pa.nulls(n, pa.int32()),
+        "in_window": pa.array(np.arange(n) >= n_warm),  # steady from the start: the window is the level
+        "window_tokens": ok_only(tokens, pa.int32()),
     }
     return pa.Table.from_pydict(columns, schema=REQUESTS_SCHEMA), duration_s
 
@@ -353,6 +355,7 @@ def _write_job_results(
     t0_ns = 0
     for concurrency in sweep.concurrencies:
         table, duration_s = _level_requests(sweep, cfg, concurrency, rng, pools, t0_ns, launch_factor)
+        window_start_s = t0_ns / 1e9
         t0_ns += int(duration_s * 1e9) + 1_000_000_000
         tables.append(table)
         levels.append(
@@ -361,7 +364,8 @@ def _write_job_results(
                 sweep_id=sweep.sweep_id,
                 job_id=job_id,
                 load_level=f"concurrency={concurrency}",
-                duration_s=duration_s,
+                window_start_s=window_start_s,
+                window_end_s=window_start_s + duration_s,
                 gpus=cfg.gpus,
                 server_accept_length=cfg.accept_length if cfg.algorithm else None,
             )

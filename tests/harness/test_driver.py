@@ -252,9 +252,11 @@ def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
     con = connect(out)
     compared = con.execute(
         """
-        WITH flight AS (
-            SELECT job_id, load_level, sum(end_ns - start_ns) / 1e9 AS busy_s
-            FROM requests WHERE NOT warmup GROUP BY ALL
+        WITH flight AS (  -- requests' time in flight inside the level's window
+            SELECT r.job_id, r.load_level,
+                   sum(greatest(0, least(r.end_ns, l.window_end_s * 1e9)
+                                   - greatest(r.start_ns, l.window_start_s * 1e9))) / 1e9 AS busy_s
+            FROM requests r JOIN levels l USING (sweep_id, job_id, load_level) WHERE NOT r.warmup GROUP BY ALL
         )
         SELECT m.job_id, m.load_level, m.samples, m.mean, f.busy_s / l.duration_s AS in_flight
         FROM server_metrics_by_level m

@@ -164,6 +164,29 @@ def test_run_load_holds_n_in_flight_when_closed_loop(sim: ServerProcess) -> None
     assert np.mean(counts >= 11) > 0.9
 
 
+def test_run_load_starts_streams_evenly_when_ramp_up_is_given(sim: ServerProcess) -> None:
+    """Stream g of 8 starts at g/8 of a 0.8 s ramp, across two client processes: while the ramp runs,
+    k + 1 requests are in flight in its (k+1)-th eighth, never all 8 at once; the window opens at the
+    ramp's end and closes when the first stream stops, and only requests sent inside it are in_window."""
+    workload = RandomIdsWorkload(input_tokens=8, output_tokens=400)  # outlasts the ramp: ~0.9 s each
+    level = LoadLevel(concurrency=8, duration_s=2.0, ramp_up_s=0.8, processes=2)
+    result = run_load(sim.url, level, workload, calibration_streams=4)
+    assert result.num_errors == 0
+    firsts = sorted(r.start_ns for r in result.records)[:8]  # each stream's first request
+    for k, start_ns in enumerate(firsts):  # never early; late by less than the spacing (a loaded box)
+        assert k * 0.1e9 <= start_ns < (k + 0.9) * 0.1e9, (k, start_ns)
+    assert result.window_start_s == 0.8
+    last_send = max(r.start_ns for r in result.records)
+    first_stop = min(r.end_ns for r in result.records if r.end_ns >= last_send)
+    assert result.window_end_s == first_stop / 1e9 and result.window_end_s >= 2.0
+    assert {r.in_window for r in result.records} == {True, False}
+    for r in result.records:
+        assert r.in_window == (r.start_ns >= 0.8e9)
+        arrived = [r.start_ns + t for t in r.chunk_arrival_ns or []]
+        inside = [n for t, n in zip(arrived, r.chunk_tokens or [], strict=True) if 0.8e9 <= t <= first_stop]
+        assert r.window_tokens == sum(inside)
+
+
 @pytest.mark.parametrize("arrival", ["constant", "poisson"])
 def test_run_load_hits_target_rate_when_open_loop(fast_sim: ServerProcess, arrival: str) -> None:
     """Open loop: 2,000 requests at 400/s are sent at their schedule's rate within 2%, each with its

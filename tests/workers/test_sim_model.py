@@ -22,7 +22,9 @@ from workers.sim.model import (
     depth_candidates,
     expected_accept_length,
     ground_truth,
+    prefill_seconds,
     sample_accepted_drafts,
+    steady_state,
 )
 from workers.sim.settings import FaultMode, SimSettingsError, load_profile, settings_from_env
 
@@ -219,3 +221,20 @@ def test_settings_from_env_reads_reuse_port_switch_when_given():
     assert not settings_from_env({"SPECSWEEP_SIM_REUSE_PORT": "false"}).reuse_port
     with pytest.raises(SimSettingsError, match="SPECSWEEP_SIM_REUSE_PORT"):
         settings_from_env({"SPECSWEEP_SIM_REUSE_PORT": "maybe"})
+
+
+def test_steady_state_ttft_tail_is_a_decode_step_plus_a_prefill_when_streams_are_spread() -> None:
+    """At 64 spread-out streams a replacement request waits for the decode step under way and its own
+    prefill, so the steady TTFT p99 of the baseline is one full-batch step plus a prefill of a few
+    prompts, well under the burst of 64 prompts prefilled together that a simultaneous start gives; its
+    throughput is Little's law over the steady requests."""
+    spec = SpecParams(None, None, None, None, 64)
+    load = Load(64, 40, 128, 64)
+    steady = steady_state(DEFAULT_PROFILE, spec, load)
+    step = decode_step_seconds(DEFAULT_PROFILE, None, 64)
+    assert step + prefill_seconds(DEFAULT_PROFILE, 40) <= steady.ttft_p99_s
+    assert steady.ttft_p99_s <= step + prefill_seconds(DEFAULT_PROFILE, 3 * 40)
+    burst = ground_truth(DEFAULT_PROFILE, spec, load)
+    assert burst.ttft_s > 2 * steady.ttft_p99_s
+    assert steady.requests >= 1500
+    assert steady.output_throughput == pytest.approx(64 * 128 / (steady.ttft_mean_s + 127 * steady.tpot_s))

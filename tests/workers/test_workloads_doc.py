@@ -27,8 +27,8 @@ ERROR_BLOCK = re.findall(r"```console\n(.*?)```", TEXT, flags=re.S)[0]
 
 def test_workloads_doc_shows_every_workload_kind_when_read() -> None:
     """The page has a load example for prompt sets (mixed, column-mapped, a preset, a preset's Hub copy,
-    another Hub dataset, multi-turn), random ids and gamma rates."""
-    assert len(LOAD_BLOCKS) == 8
+    another Hub dataset, multi-turn), random ids, gamma rates and a ramped-up closed loop."""
+    assert len(LOAD_BLOCKS) == 9
 
 
 @pytest.mark.parametrize("block", LOAD_BLOCKS)

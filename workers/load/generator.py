@@ -3,7 +3,9 @@
 ``run_load(url, level, workload)`` measures the client's own added delay on a loopback endpoint, sends
 the warmup requests (not recorded; then ``/flush_cache`` when asked), and runs one load level:
 
-- closed loop: ``concurrency`` requests always in flight, for a count or a duration;
+- closed loop: ``concurrency`` requests always in flight, for a count or a duration; with ``ramp_up_s``
+  the streams start evenly over it, and each record says whether it was sent inside the level's
+  steady-state window and how many of its tokens arrived there (``measurement_window``);
 - open loop: Poisson, gamma (bursty or regular) or constant arrivals at ``rate_rps``, optionally capped
   in flight; each record keeps the scheduled and the actual send time, so lateness is visible. Poisson
   and gamma schedules are true renewal processes (independent gaps from the start), for a count as for
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -82,6 +84,8 @@ class LoadResult:
     warmup_records: list[RequestRecord]
     client_delay: ClientDelay
     duration_s: float  # run start to the last request's end
+    window_start_s: float  # the measurement window on the records' clock (see ``measurement_window``)
+    window_end_s: float
     stop_reason: str  # "precision" (sequential level precise enough) or "limit" (its count or duration)
     t0_ns: int  # absolute perf_counter_ns of the measured run's start: the records' time origin
     achieved_rate_rps: float | None  # requests sent per second (open loop: over the schedule's window)
@@ -381,14 +385,18 @@ async def _closed_loop(
     workers: int,
     deadline_abs_ns: int | None,
     outcomes: list[_Outcome],
+    start_offsets_ns: Iterable[int] = (),
 ) -> None:
-    """``workers`` coroutines, each sending its next request as soon as the last one ends."""
+    """``workers`` coroutines, each sending its next request as soon as the last one ends; worker i
+    first waits ``start_offsets_ns[i]`` after the run start (the ramp-up; none given: all at once)."""
 
     precision = None if ctx.warmup else ctx.level.precision
     done: tuple[list[float], list[float]] = ([], [])  # tokens and latency of each successful request
     stop = asyncio.Event()  # the throughput is precise enough: send no more, let in-flight ones finish
 
-    async def worker() -> None:
+    async def worker(offset_ns: int) -> None:
+        if offset_ns:
+            await _sleep_until(ctx.t0_ns + offset_ns)
         for prep in (turns := _Turns(requests)):
             if stop.is_set() or (deadline_abs_ns is not None and time.perf_counter_ns() >= deadline_abs_ns):
                 return
@@ -403,7 +411,8 @@ async def _closed_loop(
                 if len(done[0]) % workers == 0 and precise_enough(*done, workers, precision):
                     stop.set()
 
-    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+    offsets = itertools.islice(itertools.chain(start_offsets_ns, itertools.repeat(0)), workers)
+    tasks = [asyncio.create_task(worker(offset)) for offset in offsets]
     async with _cut_off_when_stopped(tasks):
         await _finish(tasks, ctx.level, deadline_abs_ns)
 
@@ -498,6 +507,13 @@ class _Shard:
         """This shard's part of ``total`` streams (the first shards take the remainder)."""
         return total // self.count + (1 if self.index < total % self.count else 0)
 
+    def ramp_offsets_ns(self, level: LoadLevel) -> list[int]:
+        """Start offsets of this shard's closed-loop streams: global stream g of c starts at
+        ``g * ramp_up_s / c``, so the streams of all shards together start evenly over the ramp."""
+        total = level.concurrency or 0
+        first = sum(_Shard(i, self.count).share(total) for i in range(self.index))
+        return [round((first + j) * level.ramp_up_s * 1e9 / total) for j in range(self.share(total))]
+
     def indices(self, level: LoadLevel) -> Iterable[int]:
         """Global indices of this shard's measured requests (after the warmup indices).
 
@@ -566,7 +582,9 @@ async def _run_measured(
     try:
         await _sleep_until(t0_ns)
         if level.concurrency is not None:
-            await _closed_loop(session, ctx, requests, shard.share(level.concurrency), deadline, outcomes)
+            streams = shard.share(level.concurrency)
+            ramp = shard.ramp_offsets_ns(level)
+            await _closed_loop(session, ctx, requests, streams, deadline, outcomes, ramp)
         else:
             offsets = (o for k, o in enumerate(arrival_offsets_ns(level)) if k % shard.count == shard.index)
             cap = shard.share(level.max_concurrency) if level.max_concurrency else None
@@ -737,12 +755,16 @@ def run_load(
             interrupted = True
         records.extend(_records(outcomes))
     records.sort(key=lambda r: (r.start_ns, r.request_id))
+    window = measurement_window(level, records)
+    records = [in_window(r, *window) for r in records]
     return LoadResult(
         level=level,
         records=records,
         warmup_records=warmup_records,
         client_delay=client_delay,
         duration_s=max((r.end_ns or r.start_ns for r in records), default=0) / 1e9,
+        window_start_s=window[0] / 1e9,
+        window_end_s=window[1] / 1e9,
         stop_reason=_stop_reason(level, records, interrupted),
         t0_ns=t0[0],
         achieved_rate_rps=_achieved_rate(level, records),
@@ -766,6 +788,33 @@ async def _run_one_process(
         await _open_connections(session, base_url, level.streams)
         t0[0] = time.perf_counter_ns()
         await _run_measured(session, base_url, level, requests, shard, t0[0], outcomes, spill)
+
+
+def measurement_window(level: LoadLevel, records: list[RequestRecord]) -> tuple[int, int]:
+    """The level's steady-state window (ns on the records' clock): from ``ramp_up_s`` after the start
+    (every closed-loop stream has started) to the end of sending. Closed loop: the first request to end
+    after the last send, when the first stream stops and the drain begins (a duration level sends until
+    its deadline, a count level until its requests run out); open loop: the last send. It holds no send
+    when every request was sent during the ramp (then its end is no earlier than its start)."""
+    start = round(level.ramp_up_s * 1e9)
+    if not records:
+        return start, start
+    last_send = max(r.start_ns for r in records)
+    end = last_send
+    if level.concurrency is not None:
+        end = min((r.end_ns for r in records if r.end_ns is not None and r.end_ns >= last_send), default=end)
+    return start, max(start, end)
+
+
+def in_window(record: RequestRecord, start_ns: int, end_ns: int) -> RequestRecord:
+    """The record with its window fields: sent inside the window, and its tokens that arrived inside it."""
+    arrivals = record.chunk_arrival_ns or []
+    tokens = sum(
+        n
+        for at, n in zip(arrivals, record.chunk_tokens or [], strict=True)
+        if start_ns <= record.start_ns + at <= end_ns
+    )
+    return replace(record, in_window=start_ns <= record.start_ns <= end_ns, window_tokens=tokens)
 
 
 def _stop_reason(level: LoadLevel, records: list[RequestRecord], interrupted: bool) -> str:

@@ -28,6 +28,7 @@ Model (all times in seconds at time scale 1, i.e. as on the real hardware the pr
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -407,6 +408,71 @@ def open_loop_tpot_quantiles(
     return tuple(quantile(tpots, q) for q in QUANTILES)
 
 
+@dataclass(frozen=True, slots=True)
+class SteadyState:
+    """A closed loop's steady state, in seconds at time scale 1, over requests that arrive once every
+    stream has cycled a few times (so neither the start nor the drain is in it)."""
+
+    ttft_p99_s: float
+    ttft_mean_s: float
+    tpot_s: float  # mean (latency - ttft) / (output_len - 1)
+    output_throughput: float  # concurrency x output_len / mean latency (Little's law; clients never wait)
+    requests: int  # requests the statistics are over
+
+
+STEADY_REQUESTS = 2000  # about the steady requests a steady-state run holds (sampling noise well under 1%)
+
+
+def steady_state(
+    profile: SimProfile, spec: SpecParams, load: Load, *, ramp_up_s: float | None = None, seed: int = 0
+) -> SteadyState:
+    """What a closed loop of ``load.concurrency`` streams sees once it is steady: the streams' first
+    requests arrive evenly spread over ``ramp_up_s`` (None: over one request's latency), as the load
+    generator's ramp-up starts them, so no burst of simultaneous prefills recurs (without acceptance
+    noise, as for the baseline, the phases a ramp leaves persist, and with them how many requests share
+    a prefill), then each stream sends its next request as soon as one finishes
+    (``ground_truth``'s clients). ``load.num_requests`` is ignored: the run lasts about as many request
+    latencies as ``STEADY_REQUESTS`` need (at least 12), and the statistics are over the requests that
+    arrive after the first two and before the last two. A replacement request lands just after the
+    iteration that finished its predecessor has begun, so its TTFT is a whole decode step plus its
+    prefill: the steady-state tail. The ramp must be shorter than a request (no request ends before the
+    last stream starts).
+    """
+    shape = DraftShape.from_spec(spec)
+    mix = load.mix or ((profile.default_category, 1.0),)
+    probs = {
+        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
+        for name, _ in mix
+    }
+    batch = max(1, min(load.concurrency, spec.max_running_requests or load.concurrency))
+    accept = mix_accept_length(
+        tuple((n, expected_accept_length(p) if p else 1.0) for n, p in probs.items()), mix
+    )
+    cycle = (
+        prefill_seconds(profile, load.input_len)
+        + decode_step_seconds(profile, shape, batch) * (load.output_len - 1) / accept
+    )
+    spread = cycle if ramp_up_s is None else ramp_up_s
+    starts = [i * spread / load.concurrency for i in range(load.concurrency)]
+    cycles = max(12, math.ceil(STEADY_REQUESTS / load.concurrency) + 4)
+    run = Load(
+        load.concurrency, load.input_len, load.output_len, load.concurrency * cycles, load.temperature, mix
+    )
+    done = _closed_loop_run(
+        profile, shape, probs, mix, spec.max_running_requests, run, random.Random(seed), starts
+    )
+    steady = [(f, end) for f, end in done if 2 * cycle <= f.arrival <= (cycles - 2) * cycle]
+    ttfts = [f.first_token - f.arrival for f, _ in steady]
+    latency = mean(end - f.arrival for f, end in steady)
+    return SteadyState(
+        ttft_p99_s=quantile(ttfts, 0.99),
+        ttft_mean_s=mean(ttfts),
+        tpot_s=mean((end - f.first_token) / (load.output_len - 1) for f, end in steady),
+        output_throughput=load.concurrency * load.output_len / latency,
+        requests=len(steady),
+    )
+
+
 def mix_accept_length(
     by_category: tuple[tuple[str, float], ...], mix: tuple[tuple[str, float], ...]
 ) -> float:
@@ -436,7 +502,8 @@ def _closed_loop_run(
     schedule: list[float] | None = None,
 ) -> list[tuple[_Flight, float]]:
     """One run of ``load``: (request, finish time) for every request. With ``schedule`` (sorted arrival
-    times) it is an open loop of those arrivals instead: nothing is sent when a request finishes."""
+    times) the first requests arrive then instead of all at 0: ``load.num_requests`` of them make an open
+    loop (nothing is sent when a request finishes), one per stream a closed loop that ramps up."""
     now = 0.0
     arrivals = deque(schedule if schedule is not None else [0.0] * min(load.concurrency, load.num_requests))
     to_send = load.num_requests - len(arrivals)
@@ -446,7 +513,7 @@ def _closed_loop_run(
     while len(done) < load.num_requests:
         if not running and not waiting and arrivals[0] > now:
             now = arrivals[0]  # idle: the next arrival starts an iteration at once
-        while arrivals and arrivals[0] <= now:  # arrivals stay sorted: replacements land after them all
+        while arrivals and arrivals[0] <= now:  # arrivals stay sorted
             waiting.append(_Flight(arrivals.popleft(), probs[draw_category(mix, rng)]))
         admitted = admissions(len(waiting), len(running), max_running)
         if admitted:
@@ -464,8 +531,8 @@ def _closed_loop_run(
         for flight in running:
             if flight.tokens >= load.output_len:
                 done.append((flight, now))
-                if to_send:  # the client's next request lands just after this iteration boundary
-                    arrivals.append(math.nextafter(now, math.inf))
+                if to_send:  # the client's next request lands just after this iteration boundary,
+                    bisect.insort(arrivals, math.nextafter(now, math.inf))  # before later ramp starts
                     to_send -= 1
             else:
                 still.append(flight)
