@@ -149,7 +149,8 @@ def test_summarize_level_rejects_zero_duration_when_called() -> None:
 def test_every_latency_metric_is_numpys_statistic_of_successful_requests_when_five_rows() -> None:
     """Each ``<name>_mean_ms`` and ``<name>_pNN_ms`` (TTFT, TPOT, end-to-end; inter-token over every gap)
     is numpy's mean or linear-interpolated percentile of the successful requests' values; a failed
-    request's values count nowhere. The request latencies are ranked lowest first, in milliseconds."""
+    request's values count nowhere. All are in ms; the request latencies can be objectives, lowest first,
+    the inter-token gaps cannot."""
     ttft = [120.0, 80.0, 300.0, 95.0, 210.0]
     tpot = [12.0, 9.0, 30.0, 11.0, 15.0]
     e2e = [900.0, 400.0, 2500.0, 700.0, 1300.0]
@@ -171,6 +172,7 @@ def test_every_latency_metric_is_numpys_statistic_of_successful_requests_when_fi
     gaps = [gap for request in itl for gap in request]
     for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e), ("itl", gaps)):
         assert getattr(level, f"{name}_mean_ms") == pytest.approx(np.mean(values)), name
+        assert METRICS_BY_NAME[f"{name}_mean_ms"].unit == "ms"
         for p in LEVEL_PERCENTILES:
             assert getattr(level, f"{name}_p{p}_ms") == pytest.approx(np.percentile(values, p)), (name, p)
             assert METRICS_BY_NAME[f"{name}_p{p}_ms"].unit == "ms"
@@ -179,3 +181,4 @@ def test_every_latency_metric_is_numpys_statistic_of_successful_requests_when_fi
             metric = METRICS_BY_NAME[f"{name}_p{p}_ms"]
             assert metric.better == "lower" and metric.name in OBJECTIVE_METRICS, metric
         assert METRICS_BY_NAME[f"{name}_mean_ms"].better == "lower"
+    assert all(METRICS_BY_NAME[f"itl_p{p}_ms"].name not in OBJECTIVE_METRICS for p in LEVEL_PERCENTILES)
