@@ -4,6 +4,11 @@ VENV := .venv
 SGLANG_VENV := .venv-sglang
 PIP_FLAGS := -q --disable-pip-version-check
 PYTEST_ARGS ?=
+# Tests run in a random order, shuffled within each module and the modules among themselves (module fixtures,
+# such as a Ray cluster, are set up once). The header prints the seed; replay an order with
+# make test RANDOM_ORDER_SEED=<seed>
+RANDOM_ORDER_SEED ?=
+RANDOM_ORDER := -p random_order --random-order-bucket=module $(if $(RANDOM_ORDER_SEED),--random-order-seed=$(RANDOM_ORDER_SEED))
 
 .PHONY: all venv sglang-venv browser demo test lint bench mutation clean
 
@@ -41,7 +46,7 @@ browser:
 test: venv sglang-venv browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider $(RANDOM_ORDER) -ra $(PYTEST_ARGS)
 
 bench: venv sglang-venv
 	$(VENV)/bin/python -m bench

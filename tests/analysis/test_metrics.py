@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from analysis.levels import summarize_level
-from analysis.schema import RequestRecord, requests_table
+from analysis.metrics import METRICS_BY_NAME
+from analysis.schema import LEVEL_PERCENTILES, RequestRecord, requests_table
+from analysis.select import OBJECTIVE_METRICS
 
 
 def _request(i: int, **changes: object) -> RequestRecord:
@@ -63,8 +66,9 @@ THREE_ROWS = [
 NOISE = [_request(4, warmup=True, completion_tokens=1000), _request(5, load_level="concurrency=4")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def level():  # type: ignore[no-untyped-def]
+    """Per test, not per module: mutation testing credits each test with the code it runs."""
     table = requests_table(THREE_ROWS + NOISE)
     return summarize_level(
         table,
@@ -168,3 +172,42 @@ def test_summarize_level_leaves_out_ramp_and_drain_when_rows_are_outside_window(
     assert level.accept_length_mean == pytest.approx(30 / 9)
     assert level.output_tokens == 34 and level.output_tok_s == pytest.approx(17.0)
     assert (level.window_start_s, level.window_end_s, level.duration_s) == (0.5, 2.5, 2.0)
+
+
+def test_every_latency_metric_is_numpys_statistic_of_successful_requests_when_five_rows() -> None:
+    """Each ``<name>_mean_ms`` and ``<name>_pNN_ms`` (TTFT, TPOT, end-to-end; inter-token over every gap)
+    is numpy's mean or linear-interpolated percentile of the successful requests' values; a failed
+    request's values count nowhere. All are in ms; the request latencies can be objectives, lowest first,
+    the inter-token gaps cannot."""
+    ttft = [120.0, 80.0, 300.0, 95.0, 210.0]
+    tpot = [12.0, 9.0, 30.0, 11.0, 15.0]
+    e2e = [900.0, 400.0, 2500.0, 700.0, 1300.0]
+    itl = [[10.0, 14.0], [8.0], [40.0, 20.0, 31.0], [11.0], [16.0, 9.0]]
+    rows = [
+        _request(i, ttft_ms=ttft[i], tpot_ms=tpot[i], e2e_ms=e2e[i], itl_per_token_ms=itl[i])
+        for i in range(5)
+    ]
+    failed = _request(5, error_type="timeout", ttft_ms=1e6, tpot_ms=1e6, e2e_ms=1e6, itl_per_token_ms=[1e6])
+    level = summarize_level(
+        requests_table([*rows, failed]),
+        sweep_id="s",
+        job_id="j",
+        load_level="concurrency=2",
+        window_start_s=0.0,
+        window_end_s=1.0,
+        gpus=1,
+        server_accept_length=None,
+    )
+    gaps = [gap for request in itl for gap in request]
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e), ("itl", gaps)):
+        assert getattr(level, f"{name}_mean_ms") == pytest.approx(np.mean(values)), name
+        assert METRICS_BY_NAME[f"{name}_mean_ms"].unit == "ms"
+        for p in LEVEL_PERCENTILES:
+            assert getattr(level, f"{name}_p{p}_ms") == pytest.approx(np.percentile(values, p)), (name, p)
+            assert METRICS_BY_NAME[f"{name}_p{p}_ms"].unit == "ms"
+    for name in ("ttft", "tpot", "e2e"):
+        for p in LEVEL_PERCENTILES:
+            metric = METRICS_BY_NAME[f"{name}_p{p}_ms"]
+            assert metric.better == "lower" and metric.name in OBJECTIVE_METRICS, metric
+        assert METRICS_BY_NAME[f"{name}_mean_ms"].better == "lower"
+    assert all(METRICS_BY_NAME[f"itl_p{p}_ms"].name not in OBJECTIVE_METRICS for p in LEVEL_PERCENTILES)

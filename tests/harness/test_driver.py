@@ -593,7 +593,8 @@ def test_driver_completes_on_other_node_when_node_removed_mid_job(
     cluster: Any, models: dict[str, str], tmp_path: Path
 ) -> None:
     """A node dies while its job runs: the job is requeued and completes on the other node; no
-    duplicate rows; the server on the dead node is gone. (Last test: it takes a node away.)"""
+    duplicate rows; the server on the dead node is gone. The node is replaced afterwards, so the tests
+    after this one (in any order) have two nodes again."""
     out = tmp_path / "out"
     env = {"SPECSWEEP_SIM_TIME_SCALE": "0.3"}  # jobs of several seconds, so the kill lands mid-job
     data = make_spec(models, out, speculative={"chain_depths": [2, 3]}, env=env)
@@ -623,6 +624,7 @@ def test_driver_completes_on_other_node_when_node_removed_mid_job(
                 for node in cluster.workers:
                     if node_prefix and node.node_id.startswith(node_prefix):
                         removed["job"] = job_id
+                        removed["node"] = node.node_id
                         cluster.remove_node(node, allow_graceful=False)
                         return
 
@@ -632,6 +634,8 @@ def test_driver_completes_on_other_node_when_node_removed_mid_job(
         summary, log = run(data)
     finally:
         killer.join()
+        if "node" in removed:
+            _replace_node(cluster, removed["node"])
     assert removed, f"no node was removed:\n{log}"
     assert summary.counts == {"pending": 0, "leased": 0, "done": 3, "failed": 0}, log
     _, _jobs, attempts = queue_state(out)
@@ -641,3 +645,15 @@ def test_driver_completes_on_other_node_when_node_removed_mid_job(
     assert len(rows(out, "levels")) == 3 * LEVELS
     assert len(rows(out, "requests")) == 3 * LEVELS * REQUESTS_PER_LEVEL
     assert processes_of_job(removed["job"]) == []
+
+
+def _replace_node(cluster: Any, node_id: str) -> None:
+    """Put a fresh 8-GPU node in place of a removed one, once Ray has marked the removed one dead."""
+    import ray
+
+    deadline = time.monotonic() + 120
+    while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, f"Ray still lists node {node_id} alive 120 s after its removal"
+        time.sleep(0.2)
+    cluster.workers = [n for n in cluster.workers if n.node_id != node_id]
+    cluster.workers.append(cluster.add_node(num_cpus=2, num_gpus=8))

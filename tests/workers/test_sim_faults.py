@@ -109,11 +109,13 @@ def test_slow_start_answers_503_until_load_delay_passes(kimi_target, eagle3_draf
     """SPECSWEEP_SIM_LOAD_DELAY_S: 503 while loading, then the ready line and 200."""
     env = {**FAST, "SPECSWEEP_SIM_LOAD_DELAY_S": "1.5"}
     with start_sim(chain_launch_args(kimi_target, eagle3_draft, 3), env=env, healthy_within_s=None) as handle:
+        deadline = time.monotonic() + 15
         while True:
             try:
                 first = status_of(handle.url + api.READY)
                 break
             except urllib.error.URLError:
+                assert time.monotonic() < deadline, "the port did not answer within 15 s"
                 time.sleep(0.05)
         started = time.monotonic()
         assert first == 503
