@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
-from harness.queue import JobQueue, open_read_only, read_attempts, read_counts
+from harness.queue import QUEUE_FILE, JobQueue, open_read_only, read_attempts, read_counts
+from specsweep.error_classes import ErrorClass
 
 
 def filled(tmp_path: Path, n: int = 3) -> JobQueue:
@@ -114,3 +116,99 @@ def test_queue_keeps_the_existing_file_when_another_process_created_it_first(tmp
     assert read_counts(conn)["pending"] == 2
     conn.close()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def _events(path: Path) -> list[tuple[str | None, str, str | None]]:
+    """The queue file's event log (job, kind, detail) in order, as sqlite3 shows it to a user."""
+    with sqlite3.connect(path / QUEUE_FILE) as con:
+        return con.execute(
+            "SELECT job_id, kind, detail FROM events WHERE kind != 'jobs_added' ORDER BY seq"
+        ).fetchall()
+
+
+def test_queue_records_a_retried_and_a_final_failure_in_jobs_attempts_and_events(tmp_path: Path) -> None:
+    """``specsweep status`` reads the jobs and attempts rows: a retried failure leaves the job pending with
+    no finish time; the final one stamps it; each attempt keeps its node, error, log tail and worker time;
+    the event log says retry, then failed, and that a stale result was ignored."""
+    queue = filled(tmp_path, 1)
+    first = queue.lease(0, other_slots=True)
+    assert first is not None
+    state = queue.fail(
+        first,
+        error_class=ErrorClass.CRASH,
+        error_text="boom",
+        log_tail="tail 1",
+        node="n0",
+        retry_limit=1,
+        worker_s=1.5,
+    )
+    assert state == "pending"
+    (job,) = queue.jobs()
+    assert (job.state, job.failures, job.error_class, job.error_text, job.finished_ns) == (
+        "pending",
+        1,
+        "crash",
+        "boom",
+        None,
+    )
+    second = queue.lease(1, other_slots=True)
+    assert second is not None
+    assert (
+        queue.fail(
+            first, error_class=ErrorClass.HEALTH_LOST, error_text="x", log_tail=None, node="n9", retry_limit=1
+        )
+        is None
+    )
+    state = queue.fail(
+        second,
+        error_class=ErrorClass.CUDA_OOM,
+        error_text="out of memory",
+        log_tail="tail 2",
+        node="n1",
+        retry_limit=1,
+    )
+    assert state == "failed"
+    (job,) = queue.jobs()
+    assert (job.state, job.failures, job.error_class, job.error_text) == (
+        "failed",
+        2,
+        "cuda_oom",
+        "out of memory",
+    )
+    assert job.finished_ns is not None and job.leased_ns is not None and job.finished_ns >= job.leased_ns
+    attempts = queue.attempts()
+    assert [
+        (a.attempt, a.slot, a.node, a.outcome, a.error_class, a.error_text, a.log_tail, a.worker_s)
+        for a in attempts
+    ] == [
+        (1, 0, "n0", "failed", "crash", "boom", "tail 1", 1.5),
+        (2, 1, "n1", "failed", "cuda_oom", "out of memory", "tail 2", None),
+    ]
+    assert all(a.finished_ns is not None and a.finished_ns >= a.started_ns for a in attempts)
+    queue.close()
+    assert _events(tmp_path) == [
+        ("job0", "leased", "attempt 1 on slot 0"),
+        ("job0", "retry", "crash: boom"),
+        ("job0", "leased", "attempt 2 on slot 1"),
+        ("job0", "stale_result", "attempt 1 ignored: lease gone"),
+        ("job0", "failed", "cuda_oom: out of memory"),
+    ]
+
+
+def test_queue_marks_a_committed_job_done_on_resume_with_its_running_attempt(tmp_path: Path) -> None:
+    """Resume found the job's results committed: the job and its running attempt are done, stamped, and
+    the event log gives the reason; other jobs and attempts are untouched."""
+    queue = filled(tmp_path, 2)
+    lease = queue.lease(0, other_slots=True)
+    other = queue.lease(1, other_slots=True)
+    assert lease is not None and other is not None
+    queue.mark_done("job0", "committed before the driver died")
+    jobs = {job.id: job for job in queue.jobs()}
+    assert jobs["job0"].state == "done" and jobs["job0"].finished_ns is not None
+    assert jobs["job1"].state == "leased" and jobs["job1"].finished_ns is None
+    assert not queue.holds("job0", lease.token)
+    attempts = {a.job_id: a for a in queue.attempts()}
+    assert attempts["job0"].outcome == "done" and attempts["job0"].finished_ns is not None
+    assert attempts["job1"].outcome == "running" and attempts["job1"].finished_ns is None
+    queue.close()
+    assert _events(tmp_path)[-1] == ("job0", "done", "committed before the driver died")
