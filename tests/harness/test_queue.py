@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from harness.queue import QUEUE_FILE, JobQueue, open_read_only, read_attempts, read_counts
+from harness.queue import QUEUE_FILE, JobQueue, open_read_only, read_attempts, read_counts, read_meta
 from specsweep.error_classes import ErrorClass
 
 
@@ -212,3 +212,59 @@ def test_queue_marks_a_committed_job_done_on_resume_with_its_running_attempt(tmp
     assert attempts["job1"].outcome == "running" and attempts["job1"].finished_ns is None
     queue.close()
     assert _events(tmp_path)[-1] == ("job0", "done", "committed before the driver died")
+
+
+def test_queue_release_puts_a_leased_job_back_without_a_failure_and_ignores_a_stale_lease(
+    tmp_path: Path,
+) -> None:
+    """A driver that stops hands its jobs back: pending, no failure counted, the attempt released with the
+    reason; a release under a token the job no longer holds changes nothing."""
+    queue = filled(tmp_path, 1)
+    lease = queue.lease(0, other_slots=True)
+    assert lease is not None
+    queue.release(lease, "driver stopped (SIGTERM)")
+    (job,) = queue.jobs()
+    assert (job.state, job.failures, job.attempts) == ("pending", 0, 1)
+    assert queue.failures("job0") == 0
+    (attempt,) = queue.attempts()
+    assert (attempt.outcome, attempt.error_class, attempt.error_text, attempt.node) == (
+        "released",
+        None,
+        "driver stopped (SIGTERM)",
+        None,
+    )
+    assert attempt.finished_ns is not None
+    again = queue.lease(0, other_slots=True)  # no failure, so its own slot is not avoided
+    assert again is not None and again.attempt == 2
+    queue.release(lease, "stale")
+    assert [j.state for j in queue.jobs()] == ["leased"]
+    assert [a.outcome for a in queue.attempts()] == ["released", "running"]
+    queue.close()
+    assert [e for e in _events(tmp_path) if e[1] == "released"] == [
+        ("job0", "released", "driver stopped (SIGTERM)")
+    ]
+
+
+def test_queue_counts_failures_per_job_and_shows_meta_and_sweep_events_to_status(tmp_path: Path) -> None:
+    """``failures`` is what the settle step compares with the retry limit; meta and events are in the file."""
+    queue = filled(tmp_path, 2)
+    for slot in (0, 1):
+        lease = queue.lease(slot, other_slots=False)
+        assert lease is not None and lease.job_id == "job0"
+        queue.fail(
+            lease, error_class=ErrorClass.CRASH, error_text="boom", log_tail=None, node=None, retry_limit=5
+        )
+    assert (queue.failures("job0"), queue.failures("job1")) == (2, 0)
+    queue.set_meta("sweep_id", "s1")
+    queue.event("slot_lost", "node n3 left", job_id="job1")
+    queue.event("driver_stopped", "SIGTERM")
+    queue.close()
+    reader = open_read_only(tmp_path)
+    try:
+        assert read_meta(reader) == {"sweep_id": "s1"}
+    finally:
+        reader.close()
+    assert _events(tmp_path)[-2:] == [
+        ("job1", "slot_lost", "node n3 left"),
+        (None, "driver_stopped", "SIGTERM"),
+    ]
