@@ -268,3 +268,59 @@ def test_queue_counts_failures_per_job_and_shows_meta_and_sweep_events_to_status
         ("job1", "slot_lost", "node n3 left"),
         (None, "driver_stopped", "SIGTERM"),
     ]
+
+
+def test_queue_marks_a_committed_failure_failed_on_resume_counting_its_running_attempt(
+    tmp_path: Path,
+) -> None:
+    """Resume found the job's final failed row committed: the job fails with that error, the running
+    attempt becomes that failure and counts as one; other jobs keep their state."""
+    queue = filled(tmp_path, 2)
+    first = queue.lease(0, other_slots=True)
+    assert first is not None
+    queue.fail(
+        first, error_class=ErrorClass.CRASH, error_text="boom", log_tail=None, node="n0", retry_limit=3
+    )
+    second = queue.lease(1, other_slots=True)
+    assert second is not None and second.job_id == "job0" and queue.attempts_of("job0") == 2
+    assert queue.lease(0, other_slots=True) is not None  # job1, left running
+    queue.mark_failed("job0", error_class="cuda_oom", error_text="out of memory", reason="committed row")
+    jobs = {job.id: job for job in queue.jobs()}
+    job0 = jobs["job0"]
+    assert (job0.state, job0.failures, job0.error_class, job0.error_text) == (
+        "failed",
+        2,
+        "cuda_oom",
+        "out of memory",
+    )
+    assert job0.finished_ns is not None and not queue.holds("job0", second.token)
+    assert (jobs["job1"].state, jobs["job1"].failures) == ("leased", 0)
+    attempts = [(a.job_id, a.attempt, a.outcome, a.error_class, a.error_text) for a in queue.attempts()]
+    assert attempts == [
+        ("job0", 1, "failed", "crash", "boom"),
+        ("job0", 2, "failed", "cuda_oom", "out of memory"),
+        ("job1", 1, "running", None, None),
+    ]
+    assert all(a.finished_ns is not None for a in queue.attempts() if a.job_id == "job0")
+    assert (
+        queue.ids_in("failed") == ["job0"]
+        and queue.ids_in("leased") == ["job1"]
+        and queue.ids_in("done") == []
+    )
+    assert queue.attempts_of("job1") == 1
+    queue.close()
+    assert _events(tmp_path)[-1] == ("job0", "failed", "cuda_oom: out of memory (committed row)")
+
+
+def test_queue_meta_reads_back_and_a_backup_is_a_whole_copy(tmp_path: Path) -> None:
+    """Meta values read back (None when unset, replaced when set again); a backup holds jobs and meta."""
+    queue = filled(tmp_path / "q", 2)
+    assert queue.get_meta("sweep_id") is None
+    queue.set_meta("sweep_id", "s1")
+    queue.set_meta("sweep_id", "s2")
+    assert queue.get_meta("sweep_id") == "s2"
+    with sqlite3.connect(tmp_path / "copy.sqlite") as copy:
+        queue.backup(copy)
+        assert copy.execute("SELECT id FROM jobs ORDER BY position").fetchall() == [("job0",), ("job1",)]
+        assert read_meta(copy) == {"sweep_id": "s2"}
+    queue.close()
