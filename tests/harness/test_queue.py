@@ -324,3 +324,58 @@ def test_queue_meta_reads_back_and_a_backup_is_a_whole_copy(tmp_path: Path) -> N
         assert copy.execute("SELECT id FROM jobs ORDER BY position").fetchall() == [("job0",), ("job1",)]
         assert read_meta(copy) == {"sweep_id": "s2"}
     queue.close()
+
+
+def test_queue_life_of_a_sweep_as_status_and_the_event_log_show_it(tmp_path: Path) -> None:
+    """Jobs added (again), leased with their payload, completed (a stale completion ignored), requeued
+    from two states at once after a driver death: the rows and the events say each step."""
+    queue = JobQueue(tmp_path)
+    jobs = [(f"job{i}", f"label{i}", f'{{"n": {i}}}') for i in range(3)]
+    assert queue.add_jobs(jobs) == 3
+    assert queue.add_jobs([*jobs, ("job3", "label3", "{}")]) == 1
+    done = queue.lease(0, other_slots=True)
+    crashed = queue.lease(1, other_slots=True)
+    assert (
+        done is not None
+        and crashed is not None
+        and (done.payload, crashed.payload) == ('{"n": 0}', '{"n": 1}')
+    )
+    assert queue.complete(done, node="n0", worker_s=2.5)
+    assert not queue.complete(done, node="n0")
+    failed = queue.lease(0, other_slots=True)
+    assert failed is not None and failed.job_id == "job2"
+    queue.fail(
+        failed, error_class=ErrorClass.CRASH, error_text="boom", log_tail=None, node=None, retry_limit=0
+    )
+    assert queue.requeue(("leased", "failed"), "driver restarted") == ["job1", "job2"]
+    assert [(j.id, j.state, j.failures, j.finished_ns) for j in queue.jobs()][1:3] == [
+        ("job1", "pending", 0, None),
+        ("job2", "pending", 0, None),
+    ]
+    queue.close()
+    reader = open_read_only(tmp_path)
+    try:
+        (first,) = read_attempts(reader, "job0")
+        assert (first.node, first.outcome, first.worker_s, first.error_class) == ("n0", "done", 2.5, None)
+        everything = read_attempts(reader)
+    finally:
+        reader.close()
+    assert [(a.job_id, a.outcome) for a in everything] == [
+        ("job0", "done"),
+        ("job1", "abandoned"),
+        ("job2", "failed"),
+    ]
+    with sqlite3.connect(tmp_path / QUEUE_FILE) as con:
+        log = con.execute("SELECT job_id, kind, detail FROM events ORDER BY seq").fetchall()
+    assert log == [
+        (None, "jobs_added", "3 new of 3"),
+        (None, "jobs_added", "1 new of 4"),
+        ("job0", "leased", "attempt 1 on slot 0"),
+        ("job1", "leased", "attempt 1 on slot 1"),
+        ("job0", "done", "attempt 1 on slot 0"),
+        ("job0", "stale_result", "attempt 1 ignored: lease gone"),
+        ("job2", "leased", "attempt 1 on slot 0"),
+        ("job2", "failed", "crash: boom"),
+        ("job1", "requeued", "driver restarted"),
+        ("job2", "requeued", "driver restarted"),
+    ]
