@@ -19,6 +19,7 @@ import pytest
 from analysis import layout
 from analysis.layout import ROOT
 from analysis.schema import JobRecord, write_parquet_atomic
+from analysis.store import write_local_atomic
 from analysis.synthetic import SyntheticSweep, standard_sweep, write_sweep
 from harness.queue import QUEUE_FILE, JobQueue
 from harness.results import (
@@ -27,6 +28,7 @@ from harness.results import (
     check_output,
     check_output_dir,
     claim_output_dir,
+    commit_attempt,
     commit_jobs_row,
     committed_row,
     drop_uncommitted_parts,
@@ -39,6 +41,7 @@ from harness.results import (
 from specsweep import __version__
 from specsweep.errors import ResultsError
 from tests.object_store import S3Server
+from workers.job import AttemptResult
 
 SPEC = "engine: sim\n"
 
@@ -158,7 +161,7 @@ def test_check_output_makes_the_state_directory_of_an_object_store_output(
     """An object store is checked for writes and its local state directory is made; a local OUT is made."""
     out = output_for(f"s3://{s3.new_bucket()}/sweep", str(tmp_path / "state"))
     check_output(out)
-    assert out.state.is_dir() and _files(out.state) == []
+    assert out.state == tmp_path / "state" and out.state.is_dir() and _files(out.state) == []
     local = output_for(tmp_path / "local")
     check_output(local)
     assert local.state == tmp_path / "local" and local.state.is_dir()
@@ -176,6 +179,24 @@ def test_committed_row_reads_back_the_jobs_row_and_none_when_absent_or_damaged(t
         b"not parquet"
     )
     assert committed_row(out, record.sweep_id, record.job_id) is None
+
+
+def test_commit_attempt_renames_the_workers_staged_files_into_place_on_a_local_out(tmp_path: Path) -> None:
+    """A local OUT takes the worker's own files (a rename, no second copy left in ``_attempts``); the
+    published table is the attempt's, under the job's committed path."""
+    out = output_for(tmp_path)
+    tables = ("requests", "levels", "jobs")
+    data = {table: f"{table} bytes".encode() for table in tables}
+    for table in tables:
+        write_local_atomic(layout.attempt_path(tmp_path, "job1", 2, table), data[table])
+    result = AttemptResult("job1", 2, "token", None, None, None, "host", 1.0, files=dict(data))
+    commit_attempt(out, "s1", result, ("jobs", "requests"))
+    assert (tmp_path / layout.job_part_path(ROOT, "requests", "s1", "job1")).read_bytes() == b"requests bytes"
+    assert (tmp_path / layout.job_part_path(ROOT, "jobs", "s1", "job1")).read_bytes() == b"jobs bytes"
+    assert not (tmp_path / layout.job_part_path(ROOT, "levels", "s1", "job1")).exists()
+    assert sorted(
+        p.name for p in layout.attempt_path(tmp_path, "job1", 2, "levels").parent.rglob("*.parquet")
+    ) == [layout.attempt_path(tmp_path, "job1", 2, "levels").name]
 
 
 def test_drop_uncommitted_parts_removes_every_table_but_the_jobs_row(tmp_path: Path) -> None:
