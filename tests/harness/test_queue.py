@@ -5,8 +5,19 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from harness.queue import QUEUE_FILE, JobQueue, open_read_only, read_attempts, read_counts, read_meta
+import pytest
+
+from harness.queue import (
+    QUEUE_FILE,
+    JobQueue,
+    open_read_only,
+    read_attempts,
+    read_counts,
+    read_jobs,
+    read_meta,
+)
 from specsweep.error_classes import ErrorClass
+from specsweep.errors import ResultsError
 
 
 def filled(tmp_path: Path, n: int = 3) -> JobQueue:
@@ -379,3 +390,35 @@ def test_queue_life_of_a_sweep_as_status_and_the_event_log_show_it(tmp_path: Pat
         ("job1", "requeued", "driver restarted"),
         ("job2", "requeued", "driver restarted"),
     ]
+
+
+def test_queue_adds_jobs_all_or_nothing_when_one_cannot_be_stored(tmp_path: Path) -> None:
+    """A write that fails half way leaves the queue as it was, and the queue takes the next write."""
+    queue = JobQueue(tmp_path / "new" / "out")  # its directory is made, parents too
+    with pytest.raises(sqlite3.Error):
+        queue.add_jobs([("job0", "label0", "{}"), ("job1", "label1", object())])  # type: ignore[list-item]
+    assert queue.jobs() == []
+    assert queue.add_jobs([("job0", "label0", "{}")]) == 1
+    queue.close()
+    reader = open_read_only(tmp_path / "new" / "out")
+    try:
+        assert [job.id for job in read_jobs(reader)] == ["job0"]
+    finally:
+        reader.close()
+
+
+def test_queue_refuses_an_empty_queue_file_and_a_missing_one_naming_the_file(tmp_path: Path) -> None:
+    """An empty queue.sqlite (a copy cut short) is a one-line error with the fix; status on a directory
+    without a queue names the file it looked for."""
+    path = tmp_path / QUEUE_FILE
+    path.write_bytes(b"")
+    with pytest.raises(ResultsError) as err:
+        JobQueue(tmp_path)
+    assert str(err.value) == (
+        f"{path}: the sweep queue is damaged or empty (the file is empty)\n"
+        "  fix: restore OUT/queue.sqlite from a copy; the committed results in OUT are intact and readable "
+        "with `specsweep best/report/sql`"
+    )
+    with pytest.raises(FileNotFoundError) as missing:
+        open_read_only(tmp_path / "elsewhere")
+    assert str(missing.value) == str(tmp_path / "elsewhere" / QUEUE_FILE)
