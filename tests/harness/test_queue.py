@@ -403,6 +403,8 @@ def test_queue_adds_jobs_all_or_nothing_when_one_cannot_be_stored(tmp_path: Path
     reader = open_read_only(tmp_path / "new" / "out")
     try:
         assert [job.id for job in read_jobs(reader)] == ["job0"]
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):  # status only reads
+            reader.execute("DELETE FROM jobs")
     finally:
         reader.close()
 
