@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from analysis.layout import attempt_path
+from analysis.metrics import METRICS_BY_NAME
 from analysis.schema import write_parquet_atomic
 from analysis.select import SLO_METRICS, quantile_replicates, rate_replicates, select_best
 from analysis.slo import parse_slos
@@ -211,3 +213,56 @@ def test_select_best_raises_clear_error_when_input_bad(clear_results, kwargs, me
     out, _ = clear_results
     with pytest.raises(ResultsError, match=message):
         _select(out, **kwargs)
+
+
+def _as_open_loop(out: Path, rate_rps: float) -> str:
+    """Rewrite every committed requests and levels file as if its one level ran open loop at ``rate_rps``
+    (arrivals at a set rate: no concurrency); returns the level's name."""
+    level = f"rate={rate_rps:g}"
+    for table in ("requests", "levels"):
+        for path in sorted(out.glob(f"{table}/sweep=*/job=*/*.parquet")):
+            rows = pq.read_table(path)
+            n = rows.num_rows
+            for name, column in (
+                ("load_level", pa.array([level] * n, pa.string())),
+                ("concurrency", pa.nulls(n, pa.int32())),
+                ("rate_rps", pa.array([rate_rps] * n, pa.float64())),
+            ):
+                rows = rows.set_column(rows.schema.get_field_index(name), name, column)
+            write_parquet_atomic(rows, path)
+    return level
+
+
+def test_select_best_ranks_a_rate_objective_at_an_open_loop_level_with_the_multinomial_interval(
+    tmp_path: Path,
+) -> None:
+    """At an open-loop level a rate objective is resampled per request (no latency cells): the winner is
+    the true best, the speedup intervals cover the truth, and each config's interval is the bootstrap of
+    a sum over its n requests: centred on the objective, half-width z * sd(value) * sqrt(n) / duration."""
+    sweep = clear_sweep(concurrencies=(16,), requests_per_level=600)
+    write_sweep(tmp_path, sweep)
+    level_name = _as_open_loop(tmp_path, 8.0)
+    con = connect(tmp_path)
+    (level,) = select_best(con, tmp_path).levels
+    assert level.load_level == level_name
+    truth = max(sweep.configs, key=lambda c: sweep.true_output_tok_s_per_gpu(c, 16))
+    assert level.winner is not None and level.winner.config_label == truth.label
+    value = METRICS_BY_NAME["output_tok_s_per_gpu"].aggregate.value  # type: ignore[union-attr]
+    for ranked in level.ranked:
+        if not ranked.is_baseline:
+            true_speedup = sweep.true_speedup(ranked.config_label, 16)
+            speedup_ci = ranked.speedup_ci
+            assert speedup_ci is not None and speedup_ci.low <= true_speedup <= speedup_ci.high, ranked
+        (job_id,) = ranked.job_ids
+        values = np.array(
+            con.sql(
+                f"SELECT ({value})::DOUBLE FROM requests WHERE NOT warmup AND job_id = ?", params=[job_id]
+            )
+            .fetchnumpy()
+            .popitem()[1]
+        )
+        half_width = 1.96 * values.std() * math.sqrt(values.size) / values.sum() * ranked.objective
+        ci = ranked.objective_ci
+        assert ci is not None and ci.low < ranked.objective < ci.high
+        assert (ci.high - ci.low) / 2 == pytest.approx(half_width, rel=0.2), (ranked.config_label, ci)
+        assert (ci.high + ci.low) / 2 == pytest.approx(ranked.objective, rel=0.01)
