@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -209,15 +211,17 @@ def run(args: argparse.Namespace) -> int:
     if args.objective == CAPACITY:
         return _run_capacity(args, store)
     con, selection = selection_from_args(args, store)
-    confirmation = confirmation_from_args(args, store, con, selection)
-    deployment = None
-    if args.emit is not None:
-        from harness.emit import emit
+    try:
+        confirmation = confirmation_from_args(args, store, con, selection)
+        deployment = None
+        if args.emit is not None:
+            from harness.emit import emit
 
-        deployment = emit(
-            con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
-        )
-    con.close()
+            deployment = emit(
+                con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
+            )
+    finally:
+        con.close()
     if args.json:
         print(
             json.dumps(
@@ -241,20 +245,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
-    """``best --by category``: the winners per level and category (``analysis.by_category``)."""
-    from analysis.by_category import best_by_category, format_by_category
+@contextlib.contextmanager
+def _open_results(store: ResultStore) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection to OUT's tables, closed however the ranking ends."""
     from analysis.views import connect, readable_results
+
+    with readable_results(store):
+        con = connect(store)
+        try:
+            yield con
+        finally:
+            con.close()
+
+
+def _refuse_emit(args: argparse.Namespace, why: str, fix: str) -> None:
+    """``--emit`` deploys per-level winners only; a mode that ranks something else refuses it up front."""
     from specsweep.errors import ResultsError
 
     if args.emit is not None:
-        raise ResultsError(
-            "--emit deploys the per-level winners, and --by category ranks per category",
-            where="--emit",
-            fix="drop --by category to emit, or --emit to see the winners per category",
-        )
-    with readable_results(store):
-        con = connect(store)
+        raise ResultsError(why, where="--emit", fix=fix)
+
+
+def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
+    """``best --by category``: the winners per level and category (``analysis.by_category``)."""
+    from analysis.by_category import best_by_category, format_by_category
+    from specsweep.errors import ResultsError
+
+    _refuse_emit(
+        args,
+        "--emit deploys the per-level winners, and --by category ranks per category",
+        fix="drop --by category to emit, or --emit to see the winners per category",
+    )
+    with _open_results(store) as con:
         levels = [row[0] for row in con.sql("SELECT DISTINCT load_level FROM levels ORDER BY 1").fetchall()]
         if args.at is not None and args.at not in levels:
             raise ResultsError(
@@ -263,7 +285,6 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
                 fix=f"use one of: {', '.join(levels)}",
             )
         choices = best_by_category(con, args.at)
-        con.close()
     if args.json:
         print(json.dumps({"by": "category", "levels": [dataclasses.asdict(c) for c in choices]}, indent=2))
     else:
@@ -274,20 +295,14 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
 def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     """``--objective capacity``: configs by the highest load their capacity search found within its SLOs."""
     from analysis.capacity import capacity_text, rank_by_capacity
-    from analysis.views import connect, readable_results
 
-    if args.emit is not None:
-        from specsweep.errors import ResultsError
-
-        raise ResultsError(
-            "--emit picks per-level winners; it does not take --objective capacity",
-            where="--emit",
-            fix="run `best --emit DIR` with a level objective (the default throughput)",
-        )
-    with readable_results(store):
-        con = connect(store)
+    _refuse_emit(
+        args,
+        "--emit picks per-level winners; it does not take --objective capacity",
+        fix="run `best --emit DIR` with a level objective (the default throughput)",
+    )
+    with _open_results(store) as con:
         choices = rank_by_capacity(con)
-        con.close()
     if args.json:
         print(
             json.dumps({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]}, indent=2)
