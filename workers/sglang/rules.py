@@ -452,6 +452,16 @@ def adaptive_fallback_finding(reason: str) -> Finding:
     )
 
 
+def _base_attention_backend(launch: LaunchArgs) -> str | None:
+    """SGLang's ``_attention_backend_default`` without the hardware default: equal prefill and decode
+    backends override ``--attention-backend``. The flex and paged-tree checks read this one only."""
+    prefill = launch.get("prefill_attention_backend")
+    if prefill is not None and prefill == launch.get("decode_attention_backend"):
+        return str(prefill)
+    backend: str | None = launch.get("attention_backend")
+    return backend
+
+
 def check_backends(res: Resolution) -> None:
     topk = res.effective.speculative_eagle_topk or 1
     launch = res.launch
@@ -466,7 +476,7 @@ def check_backends(res: Resolution) -> None:
             "the trtllm_mha attention backend only supports --speculative-eagle-topk 1",
             "use topk 1 or another attention backend",
         )
-    backend = launch.get("attention_backend")
+    backend = _base_attention_backend(launch)
     page_size = launch.get("page_size") or 1
     if topk > 1 and page_size > 1 and backend is not None and backend not in PAGE_TREE_SPEC_BACKENDS:
         res.fail(
@@ -475,7 +485,7 @@ def check_backends(res: Resolution) -> None:
             f"{', '.join(PAGE_TREE_SPEC_BACKENDS)}; got --attention-backend {backend}",
             "use --page-size 1 or one of those backends",
         )
-    if "flex_attention" in backends:
+    if backend == "flex_attention":
         res.fail(
             "backend_no_spec",
             "the flex_attention backend rejects speculative decoding",
