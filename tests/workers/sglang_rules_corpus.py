@@ -278,6 +278,55 @@ CASES = (
         f"{EAGLE3_KIMI} {TREE} --page-size 16 "
         "--attention-backend fa3 --prefill-attention-backend torch_native",
     ),
+    Case(
+        "eagle3_topk_without_steps_trtllm_mha",
+        f"{EAGLE3_KIMI} --speculative-eagle-topk 4 --attention-backend trtllm_mha",
+    ),
+    Case(
+        "eagle3_steps_without_topk_rejection_sampling",
+        f"{EAGLE3_KIMI} --speculative-num-steps 3 --speculative-use-rejection-sampling",
+    ),
+    Case(
+        "eagle3_steps_zero_rejection_sampling",
+        f"{EAGLE3_KIMI} --speculative-num-steps 0 --speculative-eagle-topk 1 --speculative-use-rejection-sampling",
+    ),
+    Case(
+        "eagle3_tree_without_draft_tokens_trtllm_mha",
+        f"{EAGLE3_KIMI} --speculative-num-steps 3 --speculative-eagle-topk 4 --attention-backend trtllm_mha",
+    ),
+    Case(
+        "eagle3_without_draft_tree_too_many",
+        "--model-path {kimi-k2} --speculative-algorithm EAGLE3 --speculative-num-steps 2 --speculative-eagle-topk 3 --speculative-num-draft-tokens 8",
+    ),
+    Case(
+        "eagle_without_draft_llama_tree_too_many",
+        "--model-path {llama-target} --speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 3 --speculative-num-draft-tokens 8",
+    ),
+    Case(
+        "eagle_with_eagle3_draft_tree_too_many",
+        "--model-path {kimi-k2} --speculative-algorithm EAGLE --speculative-draft-model-path {eagle3-draft} --speculative-num-steps 2 --speculative-eagle-topk 3 --speculative-num-draft-tokens 8",
+    ),
+    Case(
+        "eagle3_topk1_draft_tokens_below_steps",
+        f"{EAGLE3_KIMI} --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2",
+    ),
+    Case(
+        "trtllm_mha_topk2",
+        f"{EAGLE3_KIMI} --speculative-num-steps 3 --speculative-eagle-topk 2 --speculative-num-draft-tokens 4 --attention-backend trtllm_mha",
+    ),
+    Case(
+        "tree_topk2_paged_torch_native",
+        f"{EAGLE3_KIMI} --speculative-num-steps 3 --speculative-eagle-topk 2 --speculative-num-draft-tokens 4 --page-size 16 --attention-backend torch_native",
+    ),
+    Case("tree_page2_torch_native", f"{EAGLE3_KIMI} {TREE} --page-size 2 --attention-backend torch_native"),
+    Case(
+        "rejection_sampling_nextn",
+        f"--model-path {{kimi-k2-mtp}} --speculative-algorithm NEXTN {CHAIN} --speculative-use-rejection-sampling",
+    ),
+    Case(
+        "rejection_sampling_tree_threshold",
+        f"{EAGLE3_KIMI} {TREE} --speculative-use-rejection-sampling --speculative-accept-threshold-single 0.9",
+    ),
     Case("rejection_sampling_tree", f"{EAGLE3_KIMI} {TREE} --speculative-use-rejection-sampling"),
     Case("rejection_sampling_reduced_vocab", f"{EAGLE3_KIMI} {CHAIN} --speculative-use-rejection-sampling"),
     Case(
@@ -348,13 +397,20 @@ def materialize(case: Case, root: Path) -> list[str]:
     return [re.sub(r"\{([^}]+)\}", lambda m: paths[m[1]], token) for token in case.argv.split()]
 
 
-def verdict(result: ResolverResult) -> dict[str, Any]:
-    """What the corpus records of SGLang's answer: the exception's type, or the resolved spec config."""
+def placeholders(path: str | None, root: Path) -> str | None:
+    """A path as the corpus writes it: the fixtures and the case's own directory as placeholders."""
+    return None if path is None else path.replace(str(root), "{case}").replace(str(FIXTURES), "{fixtures}")
+
+
+def verdict(result: ResolverResult, root: Path) -> dict[str, Any]:
+    """What the corpus records of SGLang's answer: the exception's type, or the resolved spec config
+    (with the draft model path it loads)."""
     if not result.ok:
         return {"refused": result.error_type if result.parser_exit is None else "parser"}
     assert result.resolved is not None
     return {
         "effective": SpecParams.from_mapping(result.resolved).as_dict(),
+        "draft_path": placeholders(result.resolved["speculative_draft_model_path"], root),
         "adaptive_fallback_reason": result.adaptive_fallback_reason,
     }
 
@@ -362,7 +418,7 @@ def verdict(result: ResolverResult) -> dict[str, Any]:
 def live_verdicts(resolver: SGLangResolver, root: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each case's id and the verdict the running SGLang gives it."""
     for case in CASES:
-        yield case.id, verdict(resolver.resolve(materialize(case, root / case.id)))
+        yield case.id, verdict(resolver.resolve(materialize(case, root / case.id)), root / case.id)
 
 
 def recorded() -> dict[str, dict[str, Any]]:

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.sglang_rules_corpus import CASES, FIXTURES, STRICTER_RULES, Case, materialize, recorded
+from tests.workers.sglang_rules_corpus import (
+    CASES,
+    FIXTURES,
+    STRICTER_RULES,
+    Case,
+    materialize,
+    placeholders,
+    recorded,
+)
 from workers.sglang import builtin_resolve, parse_launch_args
 from workers.sglang.rules import (
     Finding,
@@ -414,6 +422,126 @@ FINDINGS: dict[str, tuple[list[tuple[str, str, str | None]], list[tuple[str, str
         ],
         [],
     ),
+    "eagle3_topk_without_steps_trtllm_mha": (
+        [
+            (
+                "incomplete_triple",
+                "--speculative-num-steps is unset while --speculative-eagle-topk or --speculative-num-draft-tokens is given: SGLang 0.5.23 stops with a bare AssertionError (it only picks defaults when all three are unset)",
+                "give --speculative-num-steps, --speculative-eagle-topk and --speculative-num-draft-tokens together",
+            )
+        ],
+        [],
+    ),
+    "eagle3_steps_without_topk_rejection_sampling": (
+        [
+            (
+                "incomplete_triple",
+                "--speculative-num-steps without --speculative-eagle-topk: SGLang 0.5.23 fails with TypeError ('>' not supported between 'NoneType' and 'int')",
+                "give --speculative-num-steps, --speculative-eagle-topk and --speculative-num-draft-tokens together",
+            )
+        ],
+        [],
+    ),
+    "eagle3_steps_zero_rejection_sampling": (
+        [
+            (
+                "nonpositive",
+                "--speculative-num-steps 0 and --speculative-eagle-topk 1 must both be >= 1",
+                "use steps >= 1 and topk >= 1 (steps 0 means no speculation: drop the speculative flags instead)",
+            )
+        ],
+        [],
+    ),
+    "eagle3_tree_without_draft_tokens_trtllm_mha": (
+        [
+            (
+                "incomplete_triple",
+                "--speculative-eagle-topk 4 without --speculative-num-draft-tokens: SGLang resolves it and crashes later while sizing the verify tree",
+                "give --speculative-num-steps, --speculative-eagle-topk and --speculative-num-draft-tokens together",
+            )
+        ],
+        [],
+    ),
+    "eagle3_without_draft_tree_too_many": (
+        [
+            (
+                "eagle3_without_draft",
+                "--speculative-algorithm EAGLE3 without --speculative-draft-model-path on a target with no built-in MTP draft layer (DeepseekV3ForCausalLM): the server fails at load",
+                "add --speculative-draft-model-path DIR pointing at the converted EAGLE3 drafter",
+            )
+        ],
+        [],
+    ),
+    "eagle_without_draft_llama_tree_too_many": (
+        [
+            (
+                "missing_draft",
+                "--speculative-algorithm EAGLE without --speculative-draft-model-path on a LlamaForCausalLM target: SGLang accepts it and crashes at load",
+                "add --speculative-draft-model-path DIR",
+            )
+        ],
+        [],
+    ),
+    "eagle_with_eagle3_draft_tree_too_many": (
+        [
+            (
+                "eagle3_draft_with_eagle",
+                "the draft's config says LlamaForCausalLMEagle3 (an EAGLE3 draft) but the algorithm is EAGLE: SGLang runs it without error and every draft is rejected (acceptance length exactly 1.0)",
+                "use --speculative-algorithm EAGLE3",
+            ),
+            (
+                "draft_tokens_exceed_tree",
+                "--speculative-num-draft-tokens 8 is more than the draft tree has nodes (steps * topk + 1 = 2 * 3 + 1 = 7)",
+                "use at most 7 draft tokens, or more steps/topk",
+            ),
+        ],
+        [],
+    ),
+    "trtllm_mha_topk2": (
+        [
+            (
+                "backend_needs_chain",
+                "the trtllm_mha attention backend only supports --speculative-eagle-topk 1",
+                "use topk 1 or another attention backend",
+            )
+        ],
+        [],
+    ),
+    "tree_topk2_paged_torch_native": (
+        [
+            (
+                "backend_page_tree",
+                "--speculative-eagle-topk 2 with --page-size 16 is only supported on flashinfer, fa3, triton; got --attention-backend torch_native",
+                "use --page-size 1 or one of those backends",
+            )
+        ],
+        [],
+    ),
+    "tree_page2_torch_native": (
+        [
+            (
+                "backend_page_tree",
+                "--speculative-eagle-topk 4 with --page-size 2 is only supported on flashinfer, fa3, triton; got --attention-backend torch_native",
+                "use --page-size 1 or one of those backends",
+            )
+        ],
+        [],
+    ),
+    "rejection_sampling_tree_threshold": (
+        [
+            (
+                "rejection_sampling",
+                "--speculative-use-rejection-sampling: it needs --speculative-eagle-topk 1; it ignores the accept thresholds, which must stay 1.0",
+                "drop --speculative-use-rejection-sampling or meet its conditions",
+            ),
+            (
+                "rejection_sampling_draft_vocab",
+                "--speculative-use-rejection-sampling needs draft vocab == target vocab (32000 != 163840)",
+                "drop --speculative-use-rejection-sampling, or use a draft with the target's full vocab",
+            ),
+        ],
+        [],
+    ),
     "rejection_sampling_tree": (
         [
             (
@@ -493,7 +621,7 @@ def test_rules_give_sglangs_verdict_and_the_documented_findings_when_case_resolv
     case: Case, tmp_path: Path
 ) -> None:
     """SGLang refuses -> refused; SGLang runs -> refused only by a stricter rule, or the same effective
-    config (the adjusted values included); and the findings read exactly as documented."""
+    config (the adjusted values and the draft model it loads included); and the findings read exactly as documented."""
     res, found = _resolve(case, tmp_path)
     assert found == _expected(case, tmp_path)
     sglang = VERDICTS[case.id]
@@ -504,6 +632,7 @@ def test_rules_give_sglangs_verdict_and_the_documented_findings_when_case_resolv
         assert codes <= STRICTER_RULES, f"SGLang runs {case.id}; refused by {codes}"
     elif not any(w.code == "not_modelled" for w in res.warnings):
         assert res.effective.as_dict() == sglang["effective"]
+        assert placeholders(res.draft_path, tmp_path) == sglang["draft_path"]
         reason = sglang["adaptive_fallback_reason"]
         fallback = [w.message for w in res.warnings if w.code == "adaptive_fallback"]
         assert [f": {reason};" in m for m in fallback] == ([] if reason is None else [True])
@@ -577,3 +706,14 @@ def test_adaptive_candidate_steps_are_every_thresholds_steps_when_merged() -> No
     """SGLang sizes its buffers by every threshold's steps together; shared defaults are not thresholds."""
     config = {"1": {"candidate_steps": [7, 3]}, "16": {"candidate_steps": [0, 3]}, "ema_alpha": 0.2}
     assert adaptive_candidate_steps(config) == [0, 3, 7]
+
+
+def test_draft_rules_are_skipped_when_draft_config_exists_only_on_the_gpu_nodes() -> None:
+    """A plan names the drafter's path on the nodes: with the target's config given locally and no
+    local draft config, the launch passes (the draft's architecture and vocab are not guessed)."""
+    argv = ["--model-path", "/models/Kimi-K2", "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", "/models/drafter", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1"]  # fmt: skip
+    res = builtin_resolve(parse_launch_args(argv), target_config_dir=str(FIXTURES / "kimi-k2"))
+    assert (res.errors, res.warnings, res.draft_path) == ([], [], "/models/drafter")
+    assert res.effective.speculative_num_draft_tokens == 4

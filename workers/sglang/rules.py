@@ -184,7 +184,6 @@ def check_algorithm(res: Resolution) -> None:
                 f"{', '.join(given)} given without --speculative-algorithm: SGLang ignores them silently "
                 "and serves without speculative decoding",
                 "add --speculative-algorithm EAGLE3 (or drop the speculative flags for a baseline)",
-                stop=True,
             )
         res.stopped = True
         return
@@ -217,6 +216,8 @@ def check_draft_path(res: Resolution) -> None:
         return
     arch = res.target_architecture
     has_mtp = bool(res.target_text.get("num_nextn_predict_layers"))
+    if arch in MTP_TARGET_ARCHITECTURES:
+        res.draft_path = res.launch.get("model_path")  # SGLang's default: the target's MTP layers
     if res.effective.speculative_algorithm == "EAGLE3":
         if arch in MTP_TARGET_ARCHITECTURES and has_mtp:
             res.warnings.append(
@@ -235,7 +236,6 @@ def check_draft_path(res: Resolution) -> None:
             )
         return
     if arch in MTP_TARGET_ARCHITECTURES:
-        res.draft_path = res.launch.get("model_path")  # SGLang's default: the target's MTP layers
         if not has_mtp:
             res.warnings.append(
                 Finding(
@@ -337,8 +337,7 @@ def check_triple(res: Resolution) -> None:
         )
         return
     if topk == 1:
-        if draft != steps + 1:
-            res.effective = replace(eff, speculative_num_draft_tokens=steps + 1)
+        res.effective = replace(eff, speculative_num_draft_tokens=steps + 1)
         return
     if draft is None:
         res.fail(
