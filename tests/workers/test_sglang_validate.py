@@ -14,6 +14,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from tests.workers.sglang_rules_corpus import STRICTER_RULES, live_verdicts, recorded
 from workers.sglang import SGLangResolver, flag_table, validate, validate_many
 from workers.sglang.resolver import ResolverResult
 from workers.sglang.validate import ValidationReport, _report, _resolver_argv
@@ -186,26 +187,6 @@ def resolver(sglang_python: str) -> Iterator[SGLangResolver]:
         yield live
 
 
-# The project's rules that refuse launches SGLang accepts: the table "Rules SGLang does not enforce" in
-# docs/validation.md, written out here so that a new refusal of a launch SGLang runs fails the agreement
-# test until it is documented and listed.
-STRICTER_RULES = frozenset(
-    {
-        "speculation_without_algorithm",
-        "incomplete_triple",
-        "draft_tokens_exceed_tree",
-        "draft_tokens_too_few",
-        "nonpositive",
-        "eagle3_draft_with_eagle",
-        "eagle3_without_draft",
-        "missing_draft",
-        "draft_architecture",
-        "draft_vocab_mismatch",
-        "rejection_sampling_draft_vocab",
-    }
-)
-
-
 @dataclass(frozen=True)
 class Judged:
     """One generated launch with both layers' verdicts."""
@@ -262,6 +243,14 @@ def test_builtin_refuses_only_by_documented_rules_when_sglang_accepts(corpus: li
         if case.sglang.ok and case.builtin.status == "invalid":
             codes = {f.code for f in case.builtin.errors}
             assert codes <= STRICTER_RULES, f"builtin refused {case.argv} with {codes}, SGLang runs it"
+
+
+def test_recorded_rule_verdicts_are_sglangs_when_resolved_live(
+    resolver: SGLangResolver, tmp_path: Path
+) -> None:
+    """tests/fixtures/sglang-rules-corpus.json (the verdicts test_sglang_rules.py holds the rules to) is
+    what the installed SGLang says today: regenerate it with `python -m tests.workers.sglang_rules_corpus`."""
+    assert dict(live_verdicts(resolver, tmp_path)) == recorded()
 
 
 def test_stricter_rules_are_the_documented_ones_when_docs_validation_read() -> None:

@@ -184,7 +184,6 @@ def check_algorithm(res: Resolution) -> None:
                 f"{', '.join(given)} given without --speculative-algorithm: SGLang ignores them silently "
                 "and serves without speculative decoding",
                 "add --speculative-algorithm EAGLE3 (or drop the speculative flags for a baseline)",
-                stop=True,
             )
         res.stopped = True
         return
@@ -217,6 +216,8 @@ def check_draft_path(res: Resolution) -> None:
         return
     arch = res.target_architecture
     has_mtp = bool(res.target_text.get("num_nextn_predict_layers"))
+    if arch in MTP_TARGET_ARCHITECTURES:
+        res.draft_path = res.launch.get("model_path")  # SGLang's default: the target's MTP layers
     if res.effective.speculative_algorithm == "EAGLE3":
         if arch in MTP_TARGET_ARCHITECTURES and has_mtp:
             res.warnings.append(
@@ -235,7 +236,6 @@ def check_draft_path(res: Resolution) -> None:
             )
         return
     if arch in MTP_TARGET_ARCHITECTURES:
-        res.draft_path = res.launch.get("model_path")  # SGLang's default: the target's MTP layers
         if not has_mtp:
             res.warnings.append(
                 Finding(
@@ -337,8 +337,7 @@ def check_triple(res: Resolution) -> None:
         )
         return
     if topk == 1:
-        if draft != steps + 1:
-            res.effective = replace(eff, speculative_num_draft_tokens=steps + 1)
+        res.effective = replace(eff, speculative_num_draft_tokens=steps + 1)
         return
     if draft is None:
         res.fail(
@@ -452,6 +451,16 @@ def adaptive_fallback_finding(reason: str) -> Finding:
     )
 
 
+def _base_attention_backend(launch: LaunchArgs) -> str | None:
+    """SGLang's ``_attention_backend_default`` without the hardware default: equal prefill and decode
+    backends override ``--attention-backend``. The flex and paged-tree checks read this one only."""
+    prefill = launch.get("prefill_attention_backend")
+    if prefill is not None and prefill == launch.get("decode_attention_backend"):
+        return str(prefill)
+    backend: str | None = launch.get("attention_backend")
+    return backend
+
+
 def check_backends(res: Resolution) -> None:
     topk = res.effective.speculative_eagle_topk or 1
     launch = res.launch
@@ -466,7 +475,7 @@ def check_backends(res: Resolution) -> None:
             "the trtllm_mha attention backend only supports --speculative-eagle-topk 1",
             "use topk 1 or another attention backend",
         )
-    backend = launch.get("attention_backend")
+    backend = _base_attention_backend(launch)
     page_size = launch.get("page_size") or 1
     if topk > 1 and page_size > 1 and backend is not None and backend not in PAGE_TREE_SPEC_BACKENDS:
         res.fail(
@@ -475,7 +484,7 @@ def check_backends(res: Resolution) -> None:
             f"{', '.join(PAGE_TREE_SPEC_BACKENDS)}; got --attention-backend {backend}",
             "use --page-size 1 or one of those backends",
         )
-    if "flex_attention" in backends:
+    if backend == "flex_attention":
         res.fail(
             "backend_no_spec",
             "the flex_attention backend rejects speculative decoding",
