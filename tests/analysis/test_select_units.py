@@ -19,7 +19,7 @@ import pytest
 from analysis.goodput import parse_request_slos
 from analysis.layout import attempt_path, job_part_path, sweep_part_path
 from analysis.metrics import METRICS_BY_NAME
-from analysis.schema import write_parquet_atomic
+from analysis.schema import capacity_table, write_parquet_atomic
 from analysis.select import (
     OBJECTIVE_METRICS,
     SLO_METRICS,
@@ -38,6 +38,7 @@ from analysis.views import connect
 from specsweep.errors import ResultsError
 
 from .conftest import as_open_loop
+from .test_capacity import _probe
 
 BASELINE = SyntheticConfig("baseline")
 D4 = SyntheticConfig("chain d=4", "EAGLE3", 3, 1, 4, accept_length=2.6, step_cost=1.1)
@@ -453,16 +454,25 @@ def test_select_best_notes_baselines_and_failures(tmp_path: Path) -> None:
 
 
 def test_select_best_refuses_unfinished_or_mixed_results(small_results: Path, tmp_path: Path) -> None:
-    """Six jobs started but not committed: refused naming five and "..."; --allow-partial ranks the rest
-    with a note. Two sweeps in one directory: refused."""
+    """Jobs started but not committed: refused naming up to five (then "..."); --allow-partial ranks the
+    rest with a note. Two sweeps in one directory: refused."""
     out = _copy(small_results, tmp_path)
     for i in range(6):
         write_parquet_atomic(pa.table({"a": [1]}), attempt_path(out, f"job{i}", 1, "requests"))
+        if i == 4:
+            with pytest.raises(ResultsError) as five:
+                _select(out)
+            assert five.value.problem.endswith(
+                "5 job(s) started but not committed (job0, job1, job2, job3, job4)"
+            )
     message = "sweep is not finished: 6 job(s) started but not committed (job0, job1, job2, job3, job4 ...)"
     with pytest.raises(ResultsError) as refused:
         _select(out)
     assert refused.value.problem == message and refused.value.where == str(out)
-    assert refused.value.fix.startswith("wait for `specsweep run` to finish (or resume it), or pass --allow")
+    assert refused.value.fix == (
+        "wait for `specsweep run` to finish (or resume it), or pass --allow-partial "
+        "to rank only the committed jobs"
+    )
     assert _select(out, allow_partial=True).notes == (message + "; ranking covers committed jobs only",)
     write_sweep(
         out, SyntheticSweep(configs=(BASELINE,), concurrencies=(4,), requests_per_level=10, sweep_id="other")
@@ -471,6 +481,26 @@ def test_select_best_refuses_unfinished_or_mixed_results(small_results: Path, tm
         _select(out, allow_partial=True)
     assert refused.value.problem == "holds 2 sweeps (other, synthetic); best ranks one sweep at a time"
     assert refused.value.fix == "give each sweep its own output directory"
+
+
+def test_select_best_points_at_capacity_when_the_sweep_has_no_fixed_levels(
+    small_results: Path, tmp_path: Path
+) -> None:
+    """Capacity searches only: the refusal names --objective capacity."""
+    out = _copy(small_results, tmp_path)
+    shutil.rmtree(out / "levels")
+    shutil.rmtree(out / "requests")
+    job_id = job_id_of(SMALL, D4, 0)
+    probes = capacity_table([_probe("synthetic", job_id, 0, 4.0, True)])
+    write_parquet_atomic(probes, job_part_path(out, "capacity", "synthetic", job_id))
+    with pytest.raises(ResultsError) as refused:
+        _select(out)
+    assert refused.value.problem == "the sweep ran capacity searches only, no fixed load levels"
+    assert refused.value.where == str(out)
+    assert refused.value.fix == (
+        "rank them with `specsweep best OUT --objective capacity`, or add load.concurrency / "
+        "load.rates levels to the spec for per-level rankings and the report"
+    )
 
 
 def test_select_best_ranks_only_the_roles_asked_for(small_results: Path, tmp_path: Path) -> None:
@@ -519,6 +549,16 @@ def test_ratio_replicates_spread_like_the_ratio_of_sums_of_resampled_requests() 
     assert np.isfinite(tiny).all() and (tiny >= 0).all()
 
 
+def test_ratio_replicates_may_draw_a_cell_empty_when_it_holds_one_request() -> None:
+    """A cell's count is drawn from N(count, count) cut at 0: with one request in the cell with all the
+    value, P(drawn empty) = P(N(1, 1) <= 0) = 15.9%, and those replicates are 0; with the other cell
+    drawn empty instead they are 2 (all the latency was that cell's)."""
+    rng = np.random.default_rng(6)
+    reps = ratio_replicates(rng, np.array([1.0, 1.0]), np.array([0.0, 2.0]), np.array([1.0, 1.0]), 8000)
+    assert (reps == 0).mean() == pytest.approx(0.1587, abs=0.015)
+    assert (reps == 2).mean() == pytest.approx(0.1587 * 0.8413, abs=0.015)
+
+
 def test_rate_replicates_resample_the_sum_over_requests() -> None:
     """Equal values: every replicate is n x value. Two values: sums on their lattice, binomial spread."""
     rng = np.random.default_rng(2)
@@ -543,15 +583,30 @@ def test_rate_replicates_keep_the_mean_of_many_values() -> None:
     assert set(np.unique(two)) == {2.0, 1001.0, 2000.0}
 
 
+def test_rate_replicates_draw_bin_counts_over_sixteen_equal_width_bins() -> None:
+    """The bins span min to max in 16 equal widths (here 1), closed below, the top value in the last
+    bin; each bin is its mean and a replicate is a multinomial draw of the bins' counts."""
+    values = np.array([0.0, 0.5, 1.5, 2.5, 3.0, 14.5, 15.5, 16.0])
+    counts = np.array([1.0, 3.0, 1.0, 2.0, 1.0, 1.0, 2.0, 1.0])
+    # bins [0, 1): 0 and 0.5; [2, 3): 2.5 alone, 3.0 opens the next; [15, 16]: 15.5 and 16
+    means = np.array([(0.0 + 3 * 0.5) / 4, 1.5, 2.5, 3.0, 14.5, (2 * 15.5 + 16.0) / 3])
+    shares = np.array([4, 1, 2, 1, 1, 3]) / 12
+    expected = np.random.default_rng(5).multinomial(12, shares, size=300) @ means
+    assert np.allclose(rate_replicates(np.random.default_rng(5), values, counts, 300), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("values", [[0.0, 10.0], [0.0, 10.0, 20.0]])
 @pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])
-def test_quantile_replicates_interpolate_between_resampled_order_statistics(q: float) -> None:
-    """One value: every replicate is it. Values 0, 10, 20: replicates are quantile_cont of 3-value
-    resamples, so points of the interpolation lattice, centred near the sample's own quantile."""
+def test_quantile_replicates_interpolate_between_resampled_order_statistics(
+    q: float, values: list[float]
+) -> None:
+    """One value: every replicate is it. Two or three values: replicates are quantile_cont of resamples
+    of as many values, so points of the interpolation lattice, spread as the resamples' quantiles."""
     rng = np.random.default_rng(4)
     assert np.array_equal(quantile_replicates(rng, np.array([7.0]), q, 5), np.full(5, 7.0))
-    values = np.array([0.0, 10.0, 20.0])
-    reps = quantile_replicates(rng, values, q, 20000)
-    resamples = np.sort(rng.choice(values, (20000, 3)), axis=1)
+    sample = np.array(values)
+    reps = quantile_replicates(rng, sample, q, 20000)
+    resamples = np.sort(rng.choice(sample, (20000, sample.size)), axis=1)
     expected = np.quantile(resamples, q, axis=1)
     assert set(np.unique(reps)) <= set(np.unique(expected))
     assert reps.mean() == pytest.approx(expected.mean(), abs=0.3)
