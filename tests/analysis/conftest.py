@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from analysis.schema import write_parquet_atomic
 from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
 
 # Configs far enough apart that 600 requests per level separate them; the winner flips with load.
@@ -35,3 +38,21 @@ def clear_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Synth
     sweep = clear_sweep()
     write_sweep(out, sweep)
     return out, sweep
+
+
+def as_open_loop(out: Path, rate_rps: float) -> str:
+    """Rewrite every committed requests and levels file as if its one level ran open loop at ``rate_rps``
+    (arrivals at a set rate: no concurrency); returns the level's name."""
+    level = f"rate={rate_rps:g}"
+    for table in ("requests", "levels"):
+        for path in sorted(out.glob(f"{table}/sweep=*/job=*/*.parquet")):
+            rows = pq.read_table(path)
+            n = rows.num_rows
+            for name, column in (
+                ("load_level", pa.array([level] * n, pa.string())),
+                ("concurrency", pa.nulls(n, pa.int32())),
+                ("rate_rps", pa.array([rate_rps] * n, pa.float64())),
+            ):
+                rows = rows.set_column(rows.schema.get_field_index(name), name, column)
+            write_parquet_atomic(rows, path)
+    return level

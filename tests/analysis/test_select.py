@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from analysis.layout import attempt_path
@@ -20,7 +19,7 @@ from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
 from analysis.views import connect
 from specsweep.errors import ResultsError
 
-from .conftest import CLEAR_CONFIGS, clear_sweep
+from .conftest import CLEAR_CONFIGS, as_open_loop, clear_sweep
 
 
 def _select(out: Path, **kwargs):  # type: ignore[no-untyped-def]
@@ -215,24 +214,6 @@ def test_select_best_raises_clear_error_when_input_bad(clear_results, kwargs, me
         _select(out, **kwargs)
 
 
-def _as_open_loop(out: Path, rate_rps: float) -> str:
-    """Rewrite every committed requests and levels file as if its one level ran open loop at ``rate_rps``
-    (arrivals at a set rate: no concurrency); returns the level's name."""
-    level = f"rate={rate_rps:g}"
-    for table in ("requests", "levels"):
-        for path in sorted(out.glob(f"{table}/sweep=*/job=*/*.parquet")):
-            rows = pq.read_table(path)
-            n = rows.num_rows
-            for name, column in (
-                ("load_level", pa.array([level] * n, pa.string())),
-                ("concurrency", pa.nulls(n, pa.int32())),
-                ("rate_rps", pa.array([rate_rps] * n, pa.float64())),
-            ):
-                rows = rows.set_column(rows.schema.get_field_index(name), name, column)
-            write_parquet_atomic(rows, path)
-    return level
-
-
 def test_select_best_ranks_a_rate_objective_at_an_open_loop_level_with_the_multinomial_interval(
     tmp_path: Path,
 ) -> None:
@@ -241,7 +222,7 @@ def test_select_best_ranks_a_rate_objective_at_an_open_loop_level_with_the_multi
     a sum over its n requests: centred on the objective, half-width z * sd(value) * sqrt(n) / duration."""
     sweep = clear_sweep(concurrencies=(16,), requests_per_level=600)
     write_sweep(tmp_path, sweep)
-    level_name = _as_open_loop(tmp_path, 8.0)
+    level_name = as_open_loop(tmp_path, 8.0)
     con = connect(tmp_path)
     (level,) = select_best(con, tmp_path).levels
     assert level.load_level == level_name
