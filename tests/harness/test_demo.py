@@ -17,11 +17,17 @@ from harness.progress import progress_for
 from harness.spec import parse_spec
 from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth, steady_state
 
-# The first test of the module waits for both fixtures' sweeps (two embedded 2-node clusters, a few minutes
+# The first test of the module waits for both fixtures' sweeps (two embedded 3-node clusters, a few minutes
 # each on a 2-core machine), which is more than the suite's per-test default.
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
-DURATION_S = 6.0  # the demo runs 8 s per level; fewer requests at concurrency 1 let acceptance luck decide
+# Seconds per level. At 64 streams a request takes 5 s (the baseline and the short chains) to 10.3 s (the
+# tree): a level of 12 s holds two cycles of the short configs' replacement prefills, so its throughput is
+# their steady state, and sends every deep config's first replacement requests (the ones its window
+# measures) after a 8.3 s or 10.3 s first request. Three nodes run it in two rounds of jobs.
+DURATION_S = 12.0
+NODES = 3
+RANDOM_IDS_DURATION_S = 6.0  # that sweep's test compares winners only
 RAMP_UP_S = 1.0  # the demo's load.ramp_up_s
 
 
@@ -50,7 +56,7 @@ def _sweep(out: Path, **load: object) -> None:
     data["load"].update({"duration_s": DURATION_S, **load})
     spec = parse_spec(data, source="reduced demo")
     plan = plan_with_local_configs(spec, use_resolver=False)
-    with simulated_cluster(nodes=2, gpus_per_node=8, cpus_per_node=2) as address:
+    with simulated_cluster(nodes=NODES, gpus_per_node=8, cpus_per_node=2) as address:
         summary = run_sweep(
             spec,
             "reduced demo\n",
@@ -65,7 +71,7 @@ def _sweep(out: Path, **load: object) -> None:
 
 @pytest.fixture(scope="module")
 def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo spec (its generated prompt set, default category mix), 6 s per level."""
+    """The demo spec (its generated prompt set, default category mix), 12 s per level."""
     return _run_demo(tmp_path_factory.mktemp("demo") / "results")
 
 
@@ -73,16 +79,21 @@ def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def random_ids_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same grid on random token ids (the stress shape), at the loaded levels only."""
     out = tmp_path_factory.mktemp("demo-random") / "results"
-    return _run_demo(out, concurrency=[16, 64], workload=RANDOM_IDS_WORKLOAD)
+    return _run_demo(
+        out, concurrency=[16, 64], workload=RANDOM_IDS_WORKLOAD, duration_s=RANDOM_IDS_DURATION_S
+    )
 
 
 def _true_winner(con, level: str, concurrency: int) -> str:
-    """The config with the highest true throughput for this level's measured request count, content
-    (the rows' categories: the default mix, or random ids) and mean prompt length."""
+    """The config with the highest steady-state throughput (what the level's window measures) for this
+    level's content (the rows' categories: the default mix, or random ids) and mean prompt length. A
+    closed loop started all at once (``ground_truth``) over the level's request count is not it: at 64
+    streams on random ids a count of 69 or 70 adds a second wave of a few requests, which alone swapped
+    the baseline (steady 1430 tok/s) and the depth-2 chain (1327)."""
     rows = con.sql(
         "SELECT j.config_label, j.effective_speculative_algorithm, j.effective_speculative_num_steps, "
         "j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens, "
-        "j.effective_max_running_requests, count(*), round(avg(r.prompt_tokens)), "
+        "j.effective_max_running_requests, round(avg(r.prompt_tokens)), "
         "bool_and(r.category = 'random_ids') "
         "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
         "WHERE r.load_level = ? AND NOT r.warmup GROUP BY ALL",
@@ -91,12 +102,13 @@ def _true_winner(con, level: str, concurrency: int) -> str:
     from workers.sglang import SpecParams
 
     truth = {
-        label: ground_truth(
+        label: steady_state(
             DEFAULT_PROFILE,
             SpecParams(algo, steps, topk, draft, mrr),
-            Load(concurrency, int(prompt), 128, n, mix=((RANDOM_IDS, 1.0),) if random_ids else DEFAULT_MIX),
+            Load(concurrency, int(prompt), 128, 0, mix=((RANDOM_IDS, 1.0),) if random_ids else DEFAULT_MIX),
+            ramp_up_s=RAMP_UP_S,
         ).output_throughput
-        for label, algo, steps, topk, draft, mrr, n, prompt, random_ids in rows
+        for label, algo, steps, topk, draft, mrr, prompt, random_ids in rows
     }
     assert len(truth) == 5
     return max(truth, key=truth.__getitem__)
@@ -166,15 +178,17 @@ def test_demo_picks_simulators_true_best_config_when_run_at_each_level(demo_out:
     con.close()
 
 
-# Tolerances of the end-to-end truth test, from a 6 s level on a loaded 2-core box, against the steady-state
-# truth. Within 4% at 1 and 16 streams; at 64 streams a deep config's request (4.8 s for the depth-4 chain,
-# 7.5 s for depth 12) outlasts most of the window, so the window sees fewer replacement prefills stall the
-# decode than a steady loop would (measured +5.3% and +8.4% on throughput, +9.8% on the depth-12 chain's
-# speedup), and its requests run into the drain (TPOT 14% low). A window off by the drain (the old rule:
-# 11 s instead of 6 s at 64 streams) is still far outside.
-THROUGHPUT_TOLERANCE = 0.10
-SPEEDUP_TOLERANCE = 0.12
-TPOT_TOLERANCE = 0.20
+# Tolerances of the end-to-end truth test against the steady-state truth, from 12 s levels on this loaded
+# 2-core box (three runs at load averages of 9 to 14): throughput within 2.3% and speedup within 3.1% at
+# every level but for the depth-12 chain at 64 streams (+1.5/+5.4/+1.9%, +1.2/+6.4/+2.4%); TPOT within
+# 6.7% but for that chain there (-10.5/-9.9/-11.1%). Its first requests take 8.3 s, so the window's decode is mostly
+# theirs, which no replacement prefill stalls, and the requests its window measures are sent at 8.3-9.3 s
+# and decode until 17 s, after sending stops at 12 s. With 6 s levels it was +8.2% throughput, +10% speedup
+# and -14.5% TPOT at 64 streams. A window off by the drain (a rate over the whole level: 22 s instead of
+# 11 s for the tree at 64 streams) is still far outside.
+THROUGHPUT_TOLERANCE = 0.07
+SPEEDUP_TOLERANCE = 0.08
+TPOT_TOLERANCE = 0.15
 
 
 def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_level(demo_out: Path) -> None:
@@ -216,25 +230,29 @@ def test_demo_measures_every_config_within_tolerance_of_truth_when_run_at_each_l
         assert speedup == pytest.approx(true_speedup, rel=SPEEDUP_TOLERANCE), (level, label)
 
 
-# A p99 over the window's requests needs this many of them. At 64 streams the depth-12 chain and the tree
-# take 7.5 and 10 s a request, and the level sends for 6 s after a 1 s ramp: their windows hold almost no
-# sends (their throughput, counted from tokens, is still measured).
-WINDOW_MIN_REQUESTS = 30
-# The acceptance bound of issue 14 on TTFT p99 at concurrency 64. The demo runs at real time: two simulated
-# servers and their 64-stream clients share this 2-core box with Ray, and a tail request waits for the CPU
-# on top of its decode step: this allowance is added to the 25%. The baseline's tail (one 40 ms step plus a
-# prefill, 50 ms) is below what the box resolves (measured 81, 107 and 161 ms at load averages of 12 to
-# 25), so the demo checks the speculative configs; tests/workers/test_steady_state.py checks the baseline
-# at 64 streams, three times slower than real time, both with the ramp-up and without it.
+# A p99 over the window's requests needs this many of them: in a 12 s level every config's window at 64
+# streams holds at least one replacement request a stream (in a 6 s level the depth-12 chain's and the
+# tree's held almost none).
+WINDOW_MIN_REQUESTS = 48
+# The acceptance bound of issue 14 on TTFT p99 at concurrency 64, plus this box's scheduling delays. The
+# demo runs at real time, and on this shared 2-core box a first token waits for the CPU on top of its decode
+# step and prefill: the server writes it late and the client reads it late (one 64-stream level of the
+# depth-2 chain alone at a load average of 5 to 10: p99 16-46 ms and 9-77 ms, while the simulator's own
+# wait from a request's arrival to its first token's deadline is the model's, p99 72 ms against 74.6 ms).
+# Those delays do not scale with the simulated step: twice slower than real time, on five nodes, measured
+# +35%, +106% and +37% for the baseline and the two short chains. The baseline's tail (one 40 ms step plus a
+# prefill, 50 ms) is below what the box resolves (measured 62 to 206 ms), so the demo checks the
+# speculative configs; tests/workers/test_steady_state.py checks the baseline at 64 streams, three times
+# slower than real time, both with the ramp-up and without it.
 TTFT_P99_TOLERANCE = 0.25
 SCHEDULING_ALLOWANCE_MS = 30.0
 
 
 def test_demo_ttft_p99_at_64_is_steady_state_truth_when_streams_ramp_up(demo_out: Path) -> None:
-    """With the demo's ramp-up and each level's window, TTFT p99 at concurrency 64 is the simulator's
-    steady-state truth within 25% (plus this box's scheduling allowance) for every speculative config whose
-    window holds enough requests (at least both short chains), not the start-up burst of 64 simultaneous
-    prefills."""
+    """With the demo's ramp-up and each level's window, every config's window at concurrency 64 holds at
+    least one request a stream, and each speculative config's TTFT p99 there is the simulator's steady-state
+    truth within 25% (plus this box's scheduling allowance): one decode step plus a prefill, 75 ms for the
+    depth-2 chain to 434 ms for the tree, not the start-up burst of 64 simultaneous prefills."""
     from workers.sglang import SpecParams
 
     con = connect(demo_out)
@@ -242,25 +260,26 @@ def test_demo_ttft_p99_at_64_is_steady_state_truth_when_streams_ramp_up(demo_out
         "SELECT j.config_label, j.effective_speculative_algorithm, j.effective_speculative_num_steps, "
         "j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens, "
         "j.effective_max_running_requests, any_value(l.ttft_p99_ms), any_value(l.window_start_s), "
-        "any_value(l.client_delay_p99_us), "
         "count(*) FILTER (WHERE r.in_window AND r.error_type IS NULL), round(avg(r.prompt_tokens)) "
         "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
         "JOIN levels l ON l.sweep_id = r.sweep_id AND l.job_id = r.job_id AND l.load_level = r.load_level "
         "WHERE r.load_level = 'concurrency=64' AND NOT r.warmup GROUP BY ALL"
     ).fetchall()
     con.close()
+    assert len(rows) == 5
     checked = {}
-    for label, algo, steps, topk, draft, mrr, p99_ms, window_start_s, delay_us, n, prompt in rows:
+    for label, algo, steps, topk, draft, mrr, p99_ms, window_start_s, n, prompt in rows:
         assert window_start_s == RAMP_UP_S
-        if n < WINDOW_MIN_REQUESTS or algo is None:
+        assert n >= WINDOW_MIN_REQUESTS, (label, n)
+        if algo is None:
             continue
         load = Load(64, int(prompt), 128, 0, mix=DEFAULT_MIX)
         truth = steady_state(
             DEFAULT_PROFILE, SpecParams(algo, steps, topk, draft, mrr), load, ramp_up_s=RAMP_UP_S
         )
-        checked[label] = (p99_ms, truth.ttft_p99_s * 1e3, delay_us / 1e3, n)
-    assert {"chain d=2", "chain d=4"} <= set(checked), checked
-    for label, (measured_ms, true_ms, *_) in checked.items():
+        checked[label] = (p99_ms, truth.ttft_p99_s * 1e3, n)
+    assert len(checked) == 4
+    for label, (measured_ms, true_ms, _) in checked.items():
         allowed = TTFT_P99_TOLERANCE * true_ms + SCHEDULING_ALLOWANCE_MS
         assert abs(measured_ms - true_ms) <= allowed, (label, checked)
 
