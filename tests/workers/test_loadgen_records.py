@@ -9,9 +9,12 @@ seconds). The last tests run the whole path against the wire server's exact byte
 
 from __future__ import annotations
 
+import itertools
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from analysis.schema import RequestRecord
@@ -35,6 +38,7 @@ from workers.load.workloads import PreparedRequest, RandomIdsWorkload
 
 T0 = 1_000_000_000  # the run's start on the absolute clock
 START = T0 + 5_000_000  # the request is sent 5 ms after it
+WORKLOAD = RandomIdsWorkload(input_tokens=8, output_tokens=10)
 CLOSED = LoadLevel(concurrency=4, requests=8)
 STATS = FinalStats(
     prompt_tokens=7,
@@ -301,41 +305,84 @@ def wire() -> Iterator[WireServer]:
 
 def test_run_load_rows_of_a_recorded_sglang_stream_carry_its_final_statistics(wire: WireServer) -> None:
     """Against SGLang's recorded bytes: every row has the stream's final meta_info, tokens per chunk,
-    times on the run's clock, window fields, and the level's achieved rate and stop reason."""
-    level = LoadLevel(concurrency=2, requests=4, warmup_requests=1)
-    result = run_load(
-        wire.url("recorded"),
-        level,
-        RandomIdsWorkload(input_tokens=8, output_tokens=10),
-        calibration_streams=2,
+    times on the run's clock, window fields, the level's achieved rate and stop reason, and the
+    calibration's 40 chunks per stream."""
+    level = LoadLevel(concurrency=2, requests=4, warmup_requests=3)
+    result = run_load(wire.url("recorded"), level, WORKLOAD, calibration_streams=2)
+    assert [r.request_id for r in result.records] == ["r0000003", "r0000004", "r0000005", "r0000006"]
+    assert [r.start_ns for r in result.records] == sorted(r.start_ns for r in result.records)
+    assert [r.request_id for r in result.warmup_records] == ["w0000000", "w0000001", "w0000002"]
+    assert (result.cache_flushed, result.stop_reason, result.processes, result.interrupted) == (
+        None,
+        "limit",
+        1,
+        False,
     )
-    assert [r.request_id for r in result.records] == sorted(r.request_id for r in result.records)
-    assert sorted(r.request_id for r in result.records) == ["r0000001", "r0000002", "r0000003", "r0000004"]
-    assert [r.request_id for r in result.warmup_records] == ["w0000000"]
-    assert result.cache_flushed is None and result.stop_reason == "limit" and result.processes == 1
+    delay = result.client_delay
+    assert (delay.streams, delay.chunks) == (2, 80)
+    assert 0 < delay.p50_us <= delay.p99_us <= delay.max_us
     for r in [*result.records, *result.warmup_records]:
-        assert (r.error_type, r.http_status, r.endpoint) == (None, 200, "/generate")
-        assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.finish_reason) == (
-            7,
-            10,
-            0,
-            "length",
-        )
-        assert (r.chunk_tokens, r.spec_verify_ct, r.spec_accept_length) == ([1, 3, 2, 3, 1], 4, 2.5)
-        assert (r.spec_num_correct_drafts, r.spec_num_proposed_drafts) == (5, 12)
-        assert r.spec_correct_drafts_histogram == [1, 1, 2, 0]
-        assert r.scheduled_ns == r.start_ns and r.end_ns is not None and r.end_ns >= r.start_ns
-        assert r.e2e_ms == (r.end_ns - r.start_ns) / 1e6
+        _check_recorded_row(r)
     ends = [r.end_ns or 0 for r in result.records]
     assert result.duration_s == max(ends) / 1e9
     assert result.achieved_rate_rps == pytest.approx(4 / result.duration_s)
     window = measurement_window(level, result.records)
     assert (result.window_start_s, result.window_end_s) == (window[0] / 1e9, window[1] / 1e9)
     assert [r.in_window for r in result.records] == [in_window(r, *window).in_window for r in result.records]
-    assert all(r.in_window for r in result.records if r.start_ns <= window[1])
+    assert [r.window_tokens for r in result.records] == [
+        in_window(r, *window).window_tokens for r in result.records
+    ]
 
 
-WORKLOAD = RandomIdsWorkload(input_tokens=8, output_tokens=10)
+def _check_recorded_row(r: RequestRecord) -> None:
+    """A row of the wire server's recorded SGLang stream: its final meta_info, tokens and times."""
+    assert (r.error_type, r.http_status, r.endpoint) == (None, 200, "/generate")
+    assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.finish_reason) == (7, 10, 0, "length")
+    assert (r.chunk_tokens, r.spec_verify_ct, r.spec_accept_length) == ([1, 3, 2, 3, 1], 4, 2.5)
+    assert (r.spec_num_correct_drafts, r.spec_num_proposed_drafts) == (5, 12)
+    assert r.spec_correct_drafts_histogram == [1, 1, 2, 0]
+    assert r.scheduled_ns == r.start_ns and r.end_ns is not None and r.end_ns >= r.start_ns
+    assert r.e2e_ms == (r.end_ns - r.start_ns) / 1e6
+
+
+def test_run_load_merges_the_rows_of_shard_processes(wire: WireServer) -> None:
+    """Two processes on one clock: every request of the level is one complete row, none lost or doubled."""
+    level = LoadLevel(concurrency=3, requests=6, processes=2)
+    result = run_load(wire.url("recorded"), level, WORKLOAD, calibration_streams=1)
+    assert result.processes == 2
+    assert sorted(r.request_id for r in result.records) == [f"r000000{i}" for i in range(6)]
+    for r in result.records:
+        _check_recorded_row(r)
+        assert r.start_ns >= 0
+    assert result.achieved_rate_rps == pytest.approx(6 / result.duration_s)
+
+
+def test_run_load_stops_a_sequential_level_once_precise_enough(wire: WireServer) -> None:
+    """Identical replies give a narrow throughput interval: the level stops long before its count, after
+    at least 3 rounds of its 4 streams, and says so; the warmup does not stop early."""
+    level = LoadLevel(concurrency=4, requests=400, precision=0.5, warmup_requests=13)
+    result = run_load(wire.url("recorded"), level, WORKLOAD, calibration_streams=1)
+    assert result.stop_reason == "precision"
+    assert 12 <= len(result.records) < 100
+    assert len(result.warmup_records) == 13
+
+
+def test_run_load_spills_finished_rows_as_it_goes(wire: WireServer, tmp_path: Path) -> None:
+    """A level longer than the spill interval leaves numbered Parquet parts holding the rows finished so
+    far, in order, each once, with the values the result has."""
+    level = LoadLevel(concurrency=1, requests=6)
+    result = run_load(wire.url("paced_nominal"), level, WORKLOAD, calibration_streams=1, spill=tmp_path)
+    parts = sorted(p.name for p in tmp_path.iterdir())
+    assert parts and parts == [f"shard0-{n:06d}.parquet" for n in range(1, len(parts) + 1)]
+    spilled = [row for part in parts for row in pq.read_table(tmp_path / part).to_pylist()]
+    assert 0 < len(spilled) < 6
+    for row, record in zip(spilled, result.records, strict=False):
+        assert (row["request_id"], row["start_ns"], row["end_ns"], row["chunk_tokens"]) == (
+            record.request_id,
+            record.start_ns,
+            record.end_ns,
+            record.chunk_tokens,
+        )
 
 
 @pytest.mark.parametrize(
@@ -420,3 +467,24 @@ def test_run_load_rows_name_the_address_when_the_server_is_down() -> None:
         record.error_message
         == f"cannot connect to http://127.0.0.1:{port}: [Errno 111] Connect call failed ('127.0.0.1', {port})"
     )
+
+
+def test_run_load_open_loop_stops_sending_at_the_duration_and_waits_for_a_slot_when_capped(
+    wire: WireServer,
+) -> None:
+    """Constant arrivals at 50 per second for 0.1 s: due at 20, 40, 60 and 80 ms, none at the deadline
+    itself. Capped at one in flight against a stream of 4 paced steps, each send waits for the reply
+    before it, so it is late."""
+    timed = LoadLevel(rate_rps=50, arrival="constant", duration_s=0.1)
+    rows = run_load(wire.url("recorded"), timed, WORKLOAD, calibration_streams=1).records
+    assert [r.scheduled_ns for r in rows] == [20_000_000, 40_000_000, 60_000_000, 80_000_000]
+    capped = LoadLevel(rate_rps=100, arrival="constant", requests=3, max_concurrency=1)
+    rows = run_load(wire.url("paced_nominal"), capped, WORKLOAD, calibration_streams=1).records
+    assert [r.error_type for r in rows] == [None] * 3
+    assert all(later.start_ns >= earlier.end_ns for earlier, later in itertools.pairwise(rows))  # type: ignore[operator]
+
+
+def test_run_load_reports_an_unflushed_cache_when_flush_cache_keeps_failing(wire: WireServer) -> None:
+    """A server that answers /flush_cache with 503 until the flush timeout: ``cache_flushed`` is false."""
+    level = LoadLevel(concurrency=1, requests=1, flush_cache=True, flush_timeout_s=0.1)
+    assert run_load(wire.url("http_503"), level, WORKLOAD, calibration_streams=1).cache_flushed is False
