@@ -62,6 +62,7 @@ def _outcome(
     tokens: tuple[int, ...] = (1, 3, 2),
     tokens_seen: int = 6,
     warmup: bool = False,
+    level: LoadLevel = CLOSED,
     prep: PreparedRequest | None = None,
     scheduled_abs_ns: int | None = None,
     status: int | None = 200,
@@ -70,7 +71,7 @@ def _outcome(
     the server stamped each chunk 1 ms before it arrived."""
     arrivals = [START + round(ms * 1e6) for ms in arrivals_ms]
     return _Outcome(
-        ctx=_Context("http://x", CLOSED, T0, warmup=warmup),
+        ctx=_Context("http://x", level, T0, warmup=warmup),
         prep=prep or PreparedRequest(12, "/generate", b"{}", 6, category="code", dataset="set"),
         status=status,
         error=error,
@@ -162,6 +163,11 @@ def test_record_tpot_is_null_when_one_token_or_one_chunk() -> None:
     assert _record(_outcome(stats=one_token, arrivals_ms=(3.0,), tokens=(1,), tokens_seen=1)).tpot_ms is None
     record = _record(_outcome(arrivals_ms=(3.0,), tokens=(6,)))
     assert (record.tpot_ms, record.completion_tokens) == (None, 6)
+    more = FinalStats(
+        7, 8, "stop", 2, 4.0, 1.0, 6, 6, [0, 0, 2]
+    )  # the server counts tokens it did not stream
+    record = _record(_outcome(stats=more))
+    assert (record.completion_tokens, record.tpot_ms) == (8, 12.0 / 7)
     unsaid = FinalStats(7, None, "length", None, None, None, None, None, None)
     record = _record(_outcome(stats=unsaid, arrivals_ms=(2.0, 5.0), tokens=(1, 1), tokens_seen=2))
     assert (record.completion_tokens, record.tpot_ms) == (2, 3.0)
@@ -175,7 +181,13 @@ def test_record_ids_name_warmup_and_turns_and_keep_the_scheduled_send() -> None:
     assert (record.request_id, record.warmup, record.turn) == ("w0000003.2", True, 2)
     assert (record.scheduled_ns, record.start_ns) == (2_000_000, 5_000_000)
     first = PreparedRequest(3, "/v1/chat/completions", b"{}", None, turn=0)
-    assert _record(_outcome(prep=first)).request_id == "r0000003"
+    record = _record(_outcome(prep=first, level=LoadLevel(rate_rps=2.5, requests=4)))
+    assert (record.request_id, record.load_level, record.rate_rps, record.concurrency) == (
+        "r0000003",
+        "rate=2.5",
+        2.5,
+        None,
+    )
 
 
 def _row(
@@ -216,14 +228,16 @@ def test_window_runs_from_the_ramp_to_the_drain_when_closed_loop_and_to_the_last
     closed = LoadLevel(concurrency=4, requests=5, ramp_up_s=0.002)
     assert measurement_window(closed, rows) == (2_000_000, 35_000_000)
     assert measurement_window(LoadLevel(rate_rps=10.0, requests=5), rows) == (0, 30_000_000)
-    assert measurement_window(LoadLevel(concurrency=4, requests=5, ramp_up_s=0.05), rows) == (
-        50_000_000,
-        50_000_000,
+    assert measurement_window(LoadLevel(concurrency=4, requests=5, ramp_up_s=1.5), rows) == (
+        1_500_000_000,
+        1_500_000_000,
     )
     assert measurement_window(closed, []) == (2_000_000, 2_000_000)
     # Only the request sent last is left to end: the window ends with it; none ended: the last send.
     assert measurement_window(closed, [_row(0.0, 10.0), _row(30.0, 45.0)]) == (2_000_000, 45_000_000)
     assert measurement_window(closed, [_row(0.0, 10.0), _row(30.0, None)]) == (2_000_000, 30_000_000)
+    # A request ending at the very instant of the last send ends the window.
+    assert measurement_window(closed, [_row(0.0, 30.0), _row(30.0, 50.0)]) == (2_000_000, 30_000_000)
 
 
 def test_stop_reason_says_precision_only_when_a_sequential_level_stopped_before_its_limit() -> None:
@@ -249,9 +263,12 @@ def test_achieved_rate_is_sends_over_the_span_to_the_last_send_open_loop_and_the
     """Open loop: 4 sends by 0.2 s is 20 per second; closed loop: over the last end (0.8 s), 5 per second;
     no rows or a zero span: none."""
     rows = [_row(0.0, 300.0), _row(50.0, 800.0), _row(100.0, None), _row(200.0, 400.0)]
-    assert _achieved_rate(LoadLevel(rate_rps=30.0, requests=4), rows) == pytest.approx(20.0)
-    assert _achieved_rate(LoadLevel(concurrency=2, requests=4), rows) == pytest.approx(5.0)
-    assert _achieved_rate(LoadLevel(concurrency=2, requests=4), [_row(900.0, None)]) == pytest.approx(1 / 0.9)
+    assert _achieved_rate(LoadLevel(rate_rps=30.0, requests=4), rows) == 4 / 0.2
+    assert _achieved_rate(LoadLevel(concurrency=2, requests=4), rows) == 4 / 0.8
+    assert _achieved_rate(LoadLevel(concurrency=2, requests=4), [_row(900.0, None)]) == 1 / 0.9
+    one_ns = [_row(0.0, 0.0), _row(0.000001, 0.000001)]  # spans of 1 ns are spans
+    assert _achieved_rate(LoadLevel(rate_rps=30.0, requests=2), one_ns) == 2 / 1e-9
+    assert _achieved_rate(LoadLevel(concurrency=1, requests=2), one_ns) == 2 / 1e-9
     assert _achieved_rate(LoadLevel(rate_rps=30.0, requests=4), []) is None
     assert _achieved_rate(LoadLevel(rate_rps=30.0, requests=1), [_row(0.0, 5.0)]) is None
     assert _achieved_rate(LoadLevel(concurrency=1, requests=1), [_row(0.0, 0.0)]) is None
@@ -262,11 +279,11 @@ def test_shards_split_streams_ramp_and_requests_without_gaps_or_overlap() -> Non
     count splits in proportion to streams, after the warmup's indices; otherwise round-robin."""
     shards = [_Shard(i, 3) for i in range(3)]
     assert [s.share(10) for s in shards] == [4, 3, 3]
-    ramp = LoadLevel(concurrency=10, requests=25, ramp_up_s=1.0, warmup_requests=2)
+    ramp = LoadLevel(concurrency=10, requests=25, ramp_up_s=2.0, warmup_requests=2)
     assert [s.ramp_offsets_ns(ramp) for s in shards] == [
-        [0, 100_000_000, 200_000_000, 300_000_000],
-        [400_000_000, 500_000_000, 600_000_000],
-        [700_000_000, 800_000_000, 900_000_000],
+        [0, 200_000_000, 400_000_000, 600_000_000],
+        [800_000_000, 1_000_000_000, 1_200_000_000],
+        [1_400_000_000, 1_600_000_000, 1_800_000_000],
     ]
     assert [list(s.indices(ramp)) for s in shards] == [
         list(range(2, 12)),
