@@ -505,3 +505,12 @@ def test_run_load_reports_an_unflushed_cache_when_flush_cache_keeps_failing(wire
     """A server that answers /flush_cache with 503 until the flush timeout: ``cache_flushed`` is false."""
     level = LoadLevel(concurrency=1, requests=1, flush_cache=True, flush_timeout_s=0.1)
     assert run_load(wire.url("http_503"), level, WORKLOAD, calibration_streams=1).cache_flushed is False
+
+
+def test_run_load_spills_no_part_while_no_request_has_finished(wire: WireServer, tmp_path: Path) -> None:
+    """A level whose requests all stall past a spill interval leaves no (empty) part: rows are spilled
+    only once some request has finished."""
+    level = LoadLevel(concurrency=1, duration_s=1.2, drain_s=0.1, request_timeout_s=30)
+    result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1, spill=tmp_path)
+    assert [r.error_type for r in result.records] == ["cut_off"]
+    assert list(tmp_path.iterdir()) == []
