@@ -445,13 +445,17 @@ def test_run_load_row_of_a_reset_stream_names_the_exception_and_the_tokens_seen(
 
 
 def test_run_load_rows_are_cut_off_when_the_duration_and_drain_end(wire: WireServer) -> None:
-    """Requests still running after the duration and the drain are ``cut_off`` rows with their tokens."""
+    """Requests still running after the duration and the drain are ``cut_off`` rows with their tokens,
+    in a closed loop as in an open one."""
     level = LoadLevel(concurrency=2, duration_s=0.1, drain_s=0.1, request_timeout_s=30)
     result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1)
     assert [(r.error_type, r.error_message) for r in result.records] == [
         ("cut_off", "run ended with the request in flight after 1 tokens")
     ] * 2
     assert all(r.end_ns is not None and r.end_ns >= 200_000_000 for r in result.records)
+    open_loop = LoadLevel(rate_rps=50, arrival="constant", duration_s=0.1, drain_s=0.1, request_timeout_s=30)
+    result = run_load(wire.url("stall"), open_loop, WORKLOAD, calibration_streams=1)
+    assert [r.error_type for r in result.records] == ["cut_off"] * 4
 
 
 def test_run_load_rows_of_an_open_loop_keep_their_schedule(wire: WireServer) -> None:
