@@ -101,3 +101,19 @@ def test_load_plan_shuffles_levels_by_seed_when_shuffled() -> None:
     assert orders[0] == [lvl.label for lvl in plan.levels(seed=0, request_timeout_s=60)]
     assert sorted(orders[0]) == sorted(f"concurrency={c}" for c in (1, 2, 4, 8, 16, 32))
     assert len({tuple(o) for o in orders.values()}) > 1
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "gamma"])
+def test_random_schedule_is_fixed_by_the_level_s_seed(arrival: str) -> None:
+    """The same seed repeats a schedule (a level can be rerun as it was), another seed gives another."""
+
+    def schedule(seed: int) -> list[int]:
+        burstiness = 0.5 if arrival == "gamma" else 1.0
+        return list(
+            arrival_offsets_ns(
+                LoadLevel(rate_rps=RATE, arrival=arrival, burstiness=burstiness, requests=50, seed=seed)
+            )
+        )
+
+    assert schedule(7) == schedule(7)
+    assert schedule(7) != schedule(8)

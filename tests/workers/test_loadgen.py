@@ -239,7 +239,9 @@ def test_shards_split_a_closed_loop_count_by_their_streams(sim: ServerProcess) -
 def test_auto_processes_uses_at_most_half_the_cores_when_concurrency_is_high(
     monkeypatch: pytest.MonkeyPatch, cores: int, concurrency: int, expected: int
 ) -> None:
-    """One client process per 64 streams, never more than half the cores (the server needs the rest)."""
+    """One client process per 64 streams, never more than half the cores (the server needs the rest); a
+    count of processes, which ``run_load`` starts one by one (a float would not start any)."""
     monkeypatch.setattr("os.cpu_count", lambda: cores)
-    assert auto_processes(LoadLevel(concurrency=concurrency, requests=1)) == expected
+    processes = auto_processes(LoadLevel(concurrency=concurrency, requests=1))
+    assert (processes, type(processes)) == (expected, int)
     assert auto_processes(LoadLevel(concurrency=concurrency, requests=1, processes=3)) == 3
