@@ -71,6 +71,16 @@ STRICTER_RULES = frozenset(
     }
 )
 
+# A drafter over the target's whole vocabulary (no d2t map): what rejection sampling needs.
+FULL_VOCAB_DRAFT = {
+    "full-vocab-draft": {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": 7168,
+        "vocab_size": 163840,
+        "num_hidden_layers": 1,
+    }
+}
 ADAPTIVE = {"1": {"candidate_steps": [3, 7]}, "16": {"candidate_steps": [0, 3]}}
 
 
@@ -333,45 +343,21 @@ CASES = (
         "rejection_sampling_full_vocab",
         "--model-path {kimi-k2} --speculative-algorithm EAGLE3 "
         f"--speculative-draft-model-path {{full-vocab-draft}} {CHAIN} --speculative-use-rejection-sampling",
-        {
-            "full-vocab-draft": {
-                "architectures": ["LlamaForCausalLMEagle3"],
-                "model_type": "llama",
-                "hidden_size": 7168,
-                "vocab_size": 163840,
-                "num_hidden_layers": 1,
-            }
-        },
+        FULL_VOCAB_DRAFT,
     ),
     Case(
         "rejection_sampling_threshold",
         "--model-path {kimi-k2} --speculative-algorithm EAGLE3 "
         f"--speculative-draft-model-path {{full-vocab-draft}} {CHAIN} --speculative-use-rejection-sampling "
         "--speculative-accept-threshold-single 0.9",
-        {
-            "full-vocab-draft": {
-                "architectures": ["LlamaForCausalLMEagle3"],
-                "model_type": "llama",
-                "hidden_size": 7168,
-                "vocab_size": 163840,
-                "num_hidden_layers": 1,
-            }
-        },
+        FULL_VOCAB_DRAFT,
     ),
     Case(
         "rejection_sampling_acc_threshold",
         "--model-path {kimi-k2} --speculative-algorithm EAGLE3 "
         f"--speculative-draft-model-path {{full-vocab-draft}} {CHAIN} --speculative-use-rejection-sampling "
         "--speculative-accept-threshold-acc 0.5",
-        {
-            "full-vocab-draft": {
-                "architectures": ["LlamaForCausalLMEagle3"],
-                "model_type": "llama",
-                "hidden_size": 7168,
-                "vocab_size": 163840,
-                "num_hidden_layers": 1,
-            }
-        },
+        FULL_VOCAB_DRAFT,
     ),
     Case(
         "rejection_sampling_standalone",
