@@ -10,15 +10,19 @@ seconds). The last tests run the whole path against the wire server's exact byte
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import socket
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from analysis.schema import RequestRecord
-from tests.workers.wire_server import WireServer
+from tests.workers.wire_server import BUSY_FLUSHES, WireServer
 from workers.job import LoadLevel
 from workers.load.generator import (
     _achieved_rate,
@@ -362,16 +366,41 @@ def _check_recorded_row(r: RequestRecord) -> None:
     assert r.e2e_ms == (r.end_ns - r.start_ns) / 1e6
 
 
-def test_run_load_merges_the_rows_of_shard_processes(wire: WireServer) -> None:
-    """Two processes on one clock: every request of the level is one complete row, none lost or doubled."""
-    level = LoadLevel(concurrency=3, requests=6, processes=2)
-    result = run_load(wire.url("recorded"), level, WORKLOAD, calibration_streams=1)
+def test_run_load_merges_the_rows_of_shard_processes_and_writes_nothing_without_spill(
+    wire: WireServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes on one clock, each longer than the spill interval: every request of the level is one
+    complete row, none lost or doubled, and without spill nothing is written to the working directory."""
+    monkeypatch.chdir(tmp_path)
+    level = LoadLevel(concurrency=2, requests=10, processes=2)
+    result = run_load(wire.url("paced_nominal"), level, WORKLOAD, calibration_streams=1)
     assert result.processes == 2
-    assert sorted(r.request_id for r in result.records) == [f"r000000{i}" for i in range(6)]
+    assert sorted(r.request_id for r in result.records) == [f"r{i:07d}" for i in range(10)]
     for r in result.records:
         _check_recorded_row(r)
         assert r.start_ns >= 0
-    assert result.achieved_rate_rps == pytest.approx(6 / result.duration_s)
+    assert result.achieved_rate_rps == pytest.approx(10 / result.duration_s)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_load_shard_processes_spill_their_rows_as_they_go(wire: WireServer, tmp_path: Path) -> None:
+    """Two processes, each longer than the spill interval: each shard leaves its own numbered parts in
+    the spill directory, holding rows the result has, with the same values."""
+    level = LoadLevel(concurrency=2, requests=10, processes=2)
+    result = run_load(wire.url("paced_nominal"), level, WORKLOAD, calibration_streams=1, spill=tmp_path)
+    parts = sorted(p.name for p in tmp_path.iterdir())
+    assert {name.split("-")[0] for name in parts} == {"shard0", "shard1"}
+    assert all(name.endswith(("-000001.parquet", "-000002.parquet")) for name in parts)
+    by_id = {r.request_id: r for r in result.records}
+    spilled = [row for part in parts for row in pq.read_table(tmp_path / part).to_pylist()]
+    assert 0 < len(spilled) < 10
+    for row in spilled:
+        record = by_id[row["request_id"]]
+        assert (row["start_ns"], row["end_ns"], row["chunk_tokens"]) == (
+            record.start_ns,
+            record.end_ns,
+            record.chunk_tokens,
+        )
 
 
 def test_run_load_stops_a_sequential_level_once_precise_enough(wire: WireServer) -> None:
@@ -511,6 +540,17 @@ def test_run_load_reports_an_unflushed_cache_when_flush_cache_keeps_failing(wire
     assert run_load(wire.url("http_503"), level, WORKLOAD, calibration_streams=1).cache_flushed is False
 
 
+def test_run_load_retries_a_refused_cache_flush_until_the_server_accepts_it(wire: WireServer) -> None:
+    """SGLang answers /flush_cache with 400 while requests still run: the flush is asked again every
+    0.2 s, accepted at the third try well within a 1.1 s timeout, and the cache is reported flushed."""
+    level = LoadLevel(concurrency=1, requests=1, flush_cache=True, flush_timeout_s=1.1)
+    result = run_load(wire.url("busy_flush"), level, WORKLOAD, calibration_streams=1)
+    assert result.cache_flushed is True
+    flushes = [p for p in wire.requests_seen if p.endswith("/flush_cache")]
+    assert flushes == ["/busy_flush/flush_cache"] * (BUSY_FLUSHES + 1)
+    assert [r.error_type for r in result.records] == [None]
+
+
 def test_run_load_spills_no_part_while_no_request_has_finished(wire: WireServer, tmp_path: Path) -> None:
     """A level whose requests all stall past a spill interval leaves no (empty) part: rows are spilled
     only once some request has finished."""
@@ -518,3 +558,34 @@ def test_run_load_spills_no_part_while_no_request_has_finished(wire: WireServer,
     result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1, spill=tmp_path)
     assert [r.error_type for r in result.records] == ["cut_off"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run_load_open_loop_cuts_off_its_requests_in_flight_on_ctrl_c(wire: WireServer) -> None:
+    """Ctrl-C while an open loop's two requests stall: ``run_load`` returns, marked interrupted, each
+    request in flight a ``cut_off`` row (not an exception, not a lost row)."""
+    level = LoadLevel(rate_rps=50, arrival="constant", requests=2, request_timeout_s=30)
+    # Python's own Ctrl-C handler, as in a terminal (mutmut's workers ignore SIGINT).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupter = threading.Thread(target=_interrupt_when, args=(lambda: len(wire.stalled) == 2,))
+    interrupter.start()
+    try:
+        result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1)
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGINT, previous)
+    assert (result.interrupted, result.stop_reason) == (True, "limit")
+    assert [r.error_type for r in result.records] == ["cut_off"] * 2
+    assert all(
+        (r.error_message or "").startswith("run ended with the request in flight after")
+        for r in result.records
+    )
+
+
+def _interrupt_when(ready: Callable[[], bool]) -> None:
+    """SIGINT to this process (Ctrl-C) once ``ready()`` holds; none if it never does within 30 s."""
+    deadline = time.monotonic() + 30
+    while not ready():
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGINT)

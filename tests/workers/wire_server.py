@@ -4,7 +4,8 @@ Not a mock of our code: it is a wire fixture. The first path segment picks the b
 (``http://127.0.0.1:PORT/<mode>`` as the base URL, so ``/<mode>/generate`` is requested), and each
 behaviour writes a fixed byte sequence: a recorded SGLang stream (at once, or paced one event per
 chunk), a stream reset mid-way, a stream
-that ends without ``[DONE]``, a page that is not SSE, a stream that stalls.
+that ends without ``[DONE]``, a page that is not SSE, a stream that stalls, a cache flush refused while
+busy and then accepted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import struct
 import threading
 from pathlib import Path
 
-from workers.sglang.api import MODEL_INFO
+from workers.sglang.api import FLUSH_CACHE, MODEL_INFO
 
 STREAMS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23"
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -32,6 +33,8 @@ PACED = {
     "paced_coalesced": "generate_spec_stream_coalesced.sse",
 }
 PACE_S = 0.05
+# "busy_flush": /flush_cache answers 400 this many times (as SGLang does while requests run), then 200.
+BUSY_FLUSHES = 2
 
 
 def _chunked(body: bytes) -> bytes:
@@ -82,7 +85,11 @@ async def _handle(
                 await writer.drain()
                 continue
             seen.append(path)
-            if mode == "recorded":
+            if mode == "busy_flush" and path.endswith(FLUSH_CACHE):
+                refused = seen.count(path) <= BUSY_FLUSHES
+                status = b"400 Bad Request" if refused else b"200 OK"
+                writer.write(b"HTTP/1.1 %s\r\nContent-Length: 0\r\n\r\n" % status)
+            elif mode in ("recorded", "busy_flush"):
                 writer.write(
                     _HEAD + _chunked((STREAMS / "generate_spec_stream.sse").read_bytes()) + b"0\r\n\r\n"
                 )
