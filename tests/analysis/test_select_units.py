@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import shlex
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,14 @@ import pytest
 
 from analysis.goodput import parse_request_slos
 from analysis.layout import attempt_path, job_part_path, sweep_part_path
-from analysis.metrics import METRICS_BY_NAME
+from analysis.metrics import MEASURED, METRICS_BY_NAME
 from analysis.schema import capacity_table, write_parquet_atomic
 from analysis.select import (
     OBJECTIVE_METRICS,
     SLO_METRICS,
     Interval,
     Selection,
+    _interval,
     _more_repeats,
     quantile_replicates,
     rate_replicates,
@@ -222,7 +224,8 @@ def test_select_best_intervals_widen_with_confidence(small_results: Path) -> Non
 def test_select_best_ranks_lowest_first_with_inverse_speedup_when_objective_is_latency(
     small_results: Path,
 ) -> None:
-    """``latency`` is e2e_p50_ms: lower wins, speedup = baseline / config, differences stay positive."""
+    """``latency`` is e2e_p50_ms: lower wins, speedup = baseline / config, differences stay positive
+    (config minus winner) with their intervals around them."""
     selection = _select(small_results, objective="latency")
     assert (selection.objective, selection.better) == ("e2e_p50_ms", "lower")
     for level in selection.levels:
@@ -234,7 +237,22 @@ def test_select_best_ranks_lowest_first_with_inverse_speedup_when_objective_is_l
             if not ranked.is_baseline:
                 assert ranked.speedup_ci.low < ranked.speedup < ranked.speedup_ci.high
             if ranked.rank > 1:
-                assert ranked.difference_ci.low > 0
+                difference = ranked.objective - level.ranked[0].objective
+                assert 0 < ranked.difference_ci.low < difference < ranked.difference_ci.high
+
+
+def test_select_best_gives_null_speedups_when_the_baseline_has_no_objective_value(tmp_path: Path) -> None:
+    """A baseline whose requests all failed has no latency: it is excluded for that, and the configs
+    ranked by latency get no speedup."""
+    configs = (SyntheticConfig("baseline", error_rate=1.0), D4, D8)
+    write_sweep(tmp_path, SyntheticSweep(configs, concurrencies=(4,), requests_per_level=30))
+    level = _select(tmp_path, objective="tpot_p50_ms", max_error_rate=1.0).levels[0]
+    assert (level.baseline_label, level.baseline_objective) == ("baseline", None)
+    assert [(e.config_label, e.reasons) for e in level.excluded] == [
+        ("baseline", ("tpot_p50_ms has no value (no successful requests)",))
+    ]
+    assert sorted(r.config_label for r in level.ranked) == ["chain d=4", "chain d=8"]
+    assert all(r.speedup is None and r.speedup_ci is None for r in level.ranked)
 
 
 def test_select_best_resamples_a_per_gpu_rate_per_request_at_an_open_loop_level(tmp_path: Path) -> None:
@@ -255,6 +273,20 @@ def test_select_best_resamples_a_per_gpu_rate_per_request_at_an_open_loop_level(
             assert 0.02 * ranked.objective < ci.high - ci.low < 0.3 * ranked.objective
         speedup_ci = level.ranked[order.index("chain d=4")].speedup_ci
         assert speedup_ci.low < level.ranked[order.index("chain d=4")].speedup < speedup_ci.high
+
+
+def test_select_best_resamples_latencies_at_a_closed_loop_level_with_fixed_output_lengths(
+    tmp_path: Path,
+) -> None:
+    """Closed loop, every request 128 tokens: the rate's uncertainty lies in the latencies, so each
+    interval has a width around its objective although the per-request values never vary."""
+    sweep = SyntheticSweep(
+        (BASELINE, D4), concurrencies=(4,), requests_per_level=40, output_tokens=(128, 128)
+    )
+    write_sweep(tmp_path, sweep)
+    for ranked in _select(tmp_path).levels[0].ranked:
+        ci = ranked.objective_ci
+        assert ci.low < ranked.objective < ci.high and ci.high - ci.low > 0.01 * ranked.objective
 
 
 def test_select_best_excludes_each_slo_miss_with_its_value(small_results: Path) -> None:
@@ -284,7 +316,8 @@ def test_select_best_excludes_a_flaky_config_above_the_error_limit_and_one_witho
     tmp_path: Path,
 ) -> None:
     """Above --max-error-rate: excluded with its rate in the reason. With the limit raised the flaky one
-    ranks, its error rate shown; one with no success has no latency to rank by."""
+    ranks, its error rate shown; one with no success has no latency to rank by. A config with several
+    faults gets every reason."""
     flaky = SyntheticConfig("flaky", "EAGLE3", 3, 1, 4, accept_length=2.6, step_cost=1.1, error_rate=0.3)
     broken = SyntheticConfig("broken", "EAGLE3", 3, 1, 4, accept_length=2.6, step_cost=1.1, error_rate=1.0)
     write_sweep(
@@ -314,6 +347,24 @@ def test_select_best_excludes_a_flaky_config_above_the_error_limit_and_one_witho
     ]
     level = _select(tmp_path, max_error_rate=rate).levels[0]
     assert "flaky" in {r.config_label for r in level.ranked}
+    # every reason a config has, in order: each SLO missed, then the error rate, then the missing objective
+    level = _select(tmp_path, objective="tpot_p50_ms", slos=parse_slos("ttft_p99_ms<=1", SLO_METRICS)).levels[
+        0
+    ]
+    ttft = dict(connect(tmp_path).execute("SELECT config_label, ttft_p99_ms FROM results").fetchall())
+    assert {e.config_label: e.reasons for e in level.excluded} == {
+        "baseline": (f"ttft_p99_ms = {ttft['baseline']:.4g} is not <= 1",),
+        "broken": (
+            "ttft_p99_ms = null is not <= 1",
+            "error rate 100.0% is above the limit 1.0% (--max-error-rate)",
+            "tpot_p50_ms has no value (no successful requests)",
+        ),
+        "flaky": (
+            f"ttft_p99_ms = {ttft['flaky']:.4g} is not <= 1",
+            f"error rate {rate:.1%} is above the limit 1.0% (--max-error-rate)",
+        ),
+    }
+    assert level.ranked == ()
 
 
 def test_select_best_counts_goodput_under_request_slos(small_results: Path) -> None:
@@ -344,13 +395,64 @@ def test_select_best_counts_goodput_under_request_slos(small_results: Path) -> N
     assert by_label["chain d=4"].speedup is None and by_label["chain d=4"].speedup_ci is None
 
 
+def test_select_best_ties_one_good_request_with_none(small_results: Path) -> None:
+    """A request SLO only the fastest request meets: its config wins with one good request, which is
+    not distinguishable from none (a resample may leave that request out, so the difference's interval
+    starts at 0 exactly); the configs with no goodput follow by name, and with no baseline goodput
+    there is no speedup. With no good request at all every config ties at 0, no repeats would help."""
+    level = "concurrency=4"
+    fastest, second = _column(
+        small_results,
+        f"SELECT e2e_ms FROM requests WHERE load_level = ? AND {MEASURED} ORDER BY e2e_ms LIMIT 2",
+        level,
+    )
+    request_slos = parse_request_slos(f"e2e_ms<={(fastest + second) / 2!r}")
+    with warnings.catch_warnings():  # speedup resamples over a baseline of 0: no numpy warning leaks out
+        warnings.simplefilter("error")
+        choice = _select(
+            small_results, objective="goodput", request_slos=request_slos, at=level, replicates=400
+        )
+    winner, *rest = choice.levels[0].ranked
+    assert [r.config_label for r in choice.levels[0].ranked] == ["chain d=4", "baseline", "chain d=8"]
+    assert winner.objective == winner.goodput_rps > 0 and winner.objective_ci.low == 0.0
+    for ranked in rest:
+        assert (ranked.objective, ranked.objective_ci) == (0.0, Interval(0.0, 0.0))
+        assert ranked.tie and ranked.difference_ci == Interval(0.0, winner.objective_ci.high)
+        needed = math.ceil((winner.objective_ci.high / 2 / winner.objective) ** 2)
+        assert ranked.more_repeats == max(1, needed - 1)
+    assert all(r.speedup is None and r.speedup_ci is None for r in choice.levels[0].ranked)
+    none = _select(
+        small_results, objective="goodput", request_slos=parse_request_slos("ttft_ms<=0"), at=level
+    )
+    assert [
+        (r.config_label, r.objective, r.tie, r.difference_ci, r.more_repeats) for r in none.levels[0].ranked
+    ] == [
+        ("baseline", 0.0, False, None, None),
+        ("chain d=4", 0.0, True, Interval(0.0, 0.0), None),
+        ("chain d=8", 0.0, True, Interval(0.0, 0.0), None),
+    ]
+
+
+def test_select_best_separates_configs_less_than_one_unit_apart(small_results: Path) -> None:
+    """Accept lengths differ by less than one token: the runner-up's difference interval lies in (0, 1),
+    so it is no tie and gets no estimate of repeats; the baseline has no accept length to rank by."""
+    level = _select(small_results, objective="accept_length_p50", at="concurrency=4").levels[0]
+    assert [r.config_label for r in level.ranked] == ["chain d=8", "chain d=4"]
+    runner_up = level.ranked[1]
+    difference = level.ranked[0].objective - runner_up.objective
+    assert 0 < runner_up.difference_ci.low < difference < runner_up.difference_ci.high < 1
+    assert not runner_up.tie and runner_up.more_repeats is None
+    assert [e.config_label for e in level.excluded] == ["baseline"]
+
+
 def _write_repeats(out: Path) -> SyntheticSweep:
-    """Two chains 1% apart and the baseline, three launches each, launches 3% apart."""
+    """Two chains close together and the baseline, launches 3% apart: three launches of chain d=5 and the
+    baseline, two of chain d=4. The chains tie, and a few more repeats would separate them."""
     factors = (1.0, 1.03, 0.97)
     configs = (
         SyntheticConfig("baseline", repeats=3, launch_tpot_factors=factors),
-        SyntheticConfig("chain d=4", "EAGLE3", 3, 1, 4, 2.6, 1.1, repeats=3, launch_tpot_factors=factors),
-        SyntheticConfig("chain d=5", "EAGLE3", 4, 1, 5, 2.63, 1.1, repeats=3, launch_tpot_factors=factors),
+        SyntheticConfig("chain d=4", "EAGLE3", 3, 1, 4, 2.6, 1.1, repeats=2, launch_tpot_factors=factors[:2]),
+        SyntheticConfig("chain d=5", "EAGLE3", 4, 1, 5, 2.68, 1.1, repeats=3, launch_tpot_factors=factors),
     )
     sweep = SyntheticSweep(configs=configs, concurrencies=(4,), requests_per_level=60, seed=11)
     write_sweep(out, sweep)
@@ -358,27 +460,31 @@ def _write_repeats(out: Path) -> SyntheticSweep:
 
 
 def test_select_best_takes_medians_over_repeats_and_estimates_repeats_for_a_tie(tmp_path: Path) -> None:
-    """With three launches: objective = median, MAD given, job ids in launch order; the near-tie's
-    estimate of more repeats follows its interval's half-width (1 / sqrt(repeats) shrinkage)."""
+    """With two or three launches: objective = median, MAD given, job ids in launch order, an interval
+    that resamples the launches; the tie's estimate of more repeats follows its interval's half-width
+    (1 / sqrt(repeats) shrinkage), counted from the fewer repeats of the two."""
     sweep = _write_repeats(tmp_path)
     level = _select(tmp_path, replicates=400).levels[0]
+    assert [r.config_label for r in level.ranked] == ["chain d=5", "chain d=4", "baseline"]
     for ranked in level.ranked:
         cfg = sweep.config(ranked.config_label)
-        assert ranked.job_ids == tuple(job_id_of(sweep, cfg, r) for r in range(3))
+        assert ranked.job_ids == tuple(job_id_of(sweep, cfg, r) for r in range(cfg.repeats))
         values = [
             _column(tmp_path, "SELECT output_tok_s_per_gpu FROM results WHERE job_id = ?", job_id)[0]
             for job_id in ranked.job_ids
         ]
         median = float(np.median(values))
-        assert ranked.repeats == 3 and ranked.objective == median
+        assert ranked.repeats == cfg.repeats and ranked.objective == median
         assert ranked.objective_mad == float(np.median([abs(v - median) for v in values]))
+        # launches are resampled too, so the interval holds every launch's value, not just the median
+        assert ranked.objective_ci.low < min(values) and max(values) < ranked.objective_ci.high
     tied = level.ranked[1]
-    assert tied.config_label in ("chain d=4", "chain d=5") and tied.tie
+    assert tied.tie and tied.repeats == 2
     ci = tied.difference_ci
     difference = level.ranked[0].objective - tied.objective
     assert ci.low <= 0 < difference < ci.high
-    needed = math.ceil(3 * ((ci.high - ci.low) / 2 / difference) ** 2)
-    assert tied.more_repeats == (max(1, needed - 3) if needed - 3 <= 100 else None)
+    needed = math.ceil(2 * ((ci.high - ci.low) / 2 / difference) ** 2)
+    assert needed - 2 <= 100 and tied.more_repeats == max(1, needed - 2)
     assert level.ranked[2].is_baseline and not level.ranked[2].tie and level.ranked[2].more_repeats is None
 
 
@@ -611,6 +717,14 @@ def test_quantile_replicates_interpolate_between_resampled_order_statistics(
     assert set(np.unique(reps)) <= set(np.unique(expected))
     assert reps.mean() == pytest.approx(expected.mean(), abs=0.3)
     assert reps.std() == pytest.approx(expected.std(), rel=0.05, abs=0.05)
+
+
+def test_interval_reads_the_central_percentiles_of_the_replicates() -> None:
+    """A 95% interval spans the 2.5th to the 97.5th percentile, a 50% one the quartiles."""
+    replicates = np.arange(1001.0)
+    for confidence, low, high in ((0.95, 25.0, 975.0), (0.5, 250.0, 750.0)):
+        ci = _interval(replicates, confidence)
+        assert (ci.low, ci.high) == pytest.approx((low, high), rel=1e-9)
 
 
 def test_share_text_shows_a_percentage_or_a_dash() -> None:
