@@ -442,7 +442,14 @@ def test_select_best_separates_configs_less_than_one_unit_apart(small_results: P
     difference = level.ranked[0].objective - runner_up.objective
     assert 0 < runner_up.difference_ci.low < difference < runner_up.difference_ci.high < 1
     assert not runner_up.tie and runner_up.more_repeats is None
-    assert [e.config_label for e in level.excluded] == ["baseline"]
+    assert [(e.config_label, e.reasons) for e in level.excluded] == [
+        (
+            "baseline",
+            (
+                "accept_length_p50 has no value (its requests do not report it: the baseline does not speculate)",
+            ),
+        )
+    ]
 
 
 def _write_repeats(out: Path) -> SyntheticSweep:
