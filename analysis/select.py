@@ -387,12 +387,14 @@ def _order_levels(con: duckdb.DuckDBPyConnection, levels: list[str]) -> list[str
     return [level for level in ordered if level in levels]
 
 
-def _no_value_reason(metric: str, error_rate: float | None) -> str:
+def _no_value_reason(metric: str, error_rate: float | None, is_baseline: bool) -> str:
     """Why a config has no objective value: every request failed, or its requests do not report the
     metric (the baseline does not speculate, so it has no accept length)."""
-    if error_rate is not None and error_rate < 1:
+    if error_rate is None or error_rate >= 1:
+        return f"{metric} has no value (no successful requests)"
+    if is_baseline:
         return f"{metric} has no value (its requests do not report it: the baseline does not speculate)"
-    return f"{metric} has no value (no successful requests)"
+    return f"{metric} has no value (its successful requests do not report it)"
 
 
 def _median(values: list[float]) -> float:
@@ -434,7 +436,7 @@ def _choose_level(
             )
         objective = _config_value(config_runs, metric.name)
         if objective is None:
-            reasons += (_no_value_reason(metric.name, error_rate),)
+            reasons += (_no_value_reason(metric.name, error_rate, label == baseline_label),)
         if reasons:
             excluded.append(ExcludedConfig(label, reasons, error_rate))
         else:
