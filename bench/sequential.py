@@ -1,8 +1,8 @@
 """Sequential levels on the demo sweep: level time with ``load.precision`` vs every level in full.
 
 Runs examples/demo.yaml (the simulated server, two simulated 8-GPU nodes) twice, with levels of at most
-24 s (the demo's own 8 s end before most levels have had the three rounds per stream the rule waits
-for): every level in full, and with ``load.precision: 0.05`` (a closed-loop level stops once its
+24 s (the demo's own 12 s end before the 64-stream levels have had the three rounds per stream the rule
+waits for): every level in full, and with ``load.precision: 0.05`` (a closed-loop level stops once its
 throughput's 95% interval is narrower than 5%). Reports the summed level time of both runs, the cut,
 how many levels stopped for precision, and whether ``best`` picks the same winner at every level.
 Goal (issue #16): level time cut >= 30% with the same winners. Run: ``.venv/bin/python -m bench.sequential``

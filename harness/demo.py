@@ -3,8 +3,7 @@
 It writes a Kimi-K2.5-shaped target config (the multimodal wrapper, its text model under text_config),
 a small speculators-format EAGLE3 drafter (the converter turns it into SGLang's layout, as on a real
 node) and a small generated prompt set of three categories, starts an embedded Ray cluster of simulated
-8-GPU
-nodes, runs ``examples/demo.yaml`` on the simulated SGLang server, and prints the best config per load
+8-GPU nodes, runs ``examples/demo.yaml`` on the simulated SGLang server, and prints the best config per load
 level with its speedup and the exact SGLang command, then writes the HTML report.
 """
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from harness.commands.base import Command
 
+# Simulated nodes by default: the demo's five jobs in two rounds (examples/demo.yaml's levels are sized for it).
+DEMO_NODES = 3
+
 
 def _node_count(text: str) -> int:
     """--nodes: at least one simulated node (with none, no server slot could ever be placed)."""
@@ -25,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("results/demo"), help="results directory (default: results/demo)"
     )
-    parser.add_argument("--nodes", type=_node_count, default=2, help="simulated 8-GPU nodes (default: 2)")
+    parser.add_argument(
+        "--nodes", type=_node_count, default=DEMO_NODES, help=f"simulated 8-GPU nodes (default: {DEMO_NODES})"
+    )
 
 
 def _print_winners(out: Path) -> None:
