@@ -27,7 +27,7 @@ from harness.spec import SweepSpec, parse_spec
 from specsweep.errors import ResultsError
 from workers.sglang import deploy as sglang_deploy
 from workers.sglang.rules import read_model_config
-from workers.sglang.validate import validate
+from workers.sglang.validate import validate_many
 
 if TYPE_CHECKING:
     import duckdb
@@ -64,7 +64,19 @@ def emit(
 
     static_args = portable(deployment.static.config_label)
     dest.mkdir(parents=True, exist_ok=True)
-    check = _validator(spec, con, use_resolver)
+    adaptive: dict[str, Any] | None = None
+    launches = [static_args]
+    if deployment.adaptive is not None:
+        schedule = deployment.adaptive.steps_by_batch_size
+        config_path = dest.resolve() / "adaptive.json"
+        config = sglang_deploy.adaptive_config(schedule)
+        write_local_atomic(config_path, (json.dumps(config, indent=2) + "\n").encode())
+        adaptive_args = sglang_deploy.adaptive_args(
+            portable(deployment.adaptive.chain_label), schedule, str(config_path)
+        )
+        adaptive = {**dataclasses.asdict(deployment.adaptive), "config": config}
+        launches.append(adaptive_args)
+    validations = _validations(spec, con, use_resolver, launches)
     result: dict[str, Any] = {
         "sweep_id": selection.sweep_id,
         "objective": selection.objective,
@@ -76,25 +88,17 @@ def emit(
         "static": {
             **dataclasses.asdict(deployment.static),
             "argv": sglang_deploy.command(python, static_args),
-            "validation": check(static_args, None),
+            "validation": validations[0],
         },
         "adaptive": None,
         "adaptive_note": deployment.adaptive_note,
         "drafter": drafter,
     }
-    if deployment.adaptive is not None:
-        schedule = deployment.adaptive.steps_by_batch_size
-        config_path = dest.resolve() / "adaptive.json"
-        config = sglang_deploy.adaptive_config(schedule)
-        write_local_atomic(config_path, (json.dumps(config, indent=2) + "\n").encode())
-        adaptive_args = sglang_deploy.adaptive_args(
-            portable(deployment.adaptive.chain_label), schedule, str(config_path)
-        )
+    if adaptive is not None:
         result["adaptive"] = {
-            **dataclasses.asdict(deployment.adaptive),
-            "config": config,
-            "argv": sglang_deploy.command(python, adaptive_args),
-            "validation": check(adaptive_args, config_path),
+            **adaptive,
+            "argv": sglang_deploy.command(python, launches[1]),
+            "validation": validations[1],
         }
     if result["adaptive"] is None:
         result["recommended"] = "static"
@@ -157,9 +161,12 @@ def _drafter_provenance(
     }
 
 
-def _validator(spec: SweepSpec, con: duckdb.DuckDBPyConnection, use_resolver: bool) -> Any:
-    """Validate a deploy launch against the configs this machine can read (the spec's model directory, or
-    the measured drafter copy); without the target's config SGLang's resolver cannot run, the builtin can."""
+def _validations(
+    spec: SweepSpec, con: duckdb.DuckDBPyConnection, use_resolver: bool, launches: list[list[str]]
+) -> list[dict[str, Any]]:
+    """Validate the deploy launches against the configs this machine can read (the spec's model directory,
+    or the measured drafter copy), all with one SGLang process (its start-up is most of a check); without
+    the target's config SGLang's resolver cannot run, the builtin can."""
     target = spec.model_path if read_model_config(spec.model_path) is not None else None
     drafts = [
         row[0]
@@ -168,17 +175,13 @@ def _validator(spec: SweepSpec, con: duckdb.DuckDBPyConnection, use_resolver: bo
         ).fetchall()
     ]
     draft = next((d for d in drafts if read_model_config(d) is not None), None)
-
-    def check(args: list[str], config_path: Path | None) -> dict[str, Any]:
-        report = validate(
-            args,
-            use_resolver=use_resolver and target is not None,
-            target_config_dir=target,
-            draft_config_dir=draft,
-        )
-        return {"status": report.status, "checked_by": report.checked_by, **report.to_json_dict()}
-
-    return check
+    reports = validate_many(
+        launches,
+        use_resolver=use_resolver and target is not None,
+        target_config_dir=target,
+        draft_config_dir=draft,
+    )
+    return [{"status": r.status, "checked_by": r.checked_by, **r.to_json_dict()} for r in reports]
 
 
 def describe(result: dict[str, Any], dest: Path) -> str:

@@ -42,16 +42,41 @@ class Reaper:
         self._process.wait()
 
 
-def _ray_processes(driver: psutil.Process, session: str) -> list[psutil.Process]:
+def _ray_processes(driver: psutil.Process, session: str, ray: set[psutil.Process]) -> list[psutil.Process]:
     """The driver's Ray processes (its children whose command line names ``session``, less this reaper, whose
-    command line names it too) and all their descendants."""
+    command line names it too) and all their descendants, from one pass over the process table.
+
+    ``ray`` holds the children already found to be Ray's (a process keeps its command line once it names the
+    session), so a poll reads no command line of those; a child that does not name it yet is read again at the
+    next poll (a forked child shows the driver's command line until it execs)."""
+    children: dict[int, list[psutil.Process]] = {}
+    for process in psutil.process_iter(["ppid"]):  # cached Process objects: one read of each /proc/<pid>/stat
+        children.setdefault(process.info["ppid"], []).append(process)
     found = []
-    for child in driver.children():
+    for child in children.get(driver.pid, []):
         try:
-            if child.pid != os.getpid() and any(session in arg for arg in child.cmdline()):
-                found += [child, *child.children(recursive=True)]
+            if child not in ray and child.pid != os.getpid() and any(session in a for a in child.cmdline()):
+                ray.add(child)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        if child in ray:
+            found += _descendants(child, children)
+    return found
+
+
+def _descendants(root: psutil.Process, children: dict[int, list[psutil.Process]]) -> list[psutil.Process]:
+    """``root`` and every process below it in ``children`` (parent pid -> processes); like
+    ``Process.children(recursive=True)``, a child that started before its parent is a reused pid's, not kept."""
+    found, stack = [root], [root]
+    while stack:
+        parent = stack.pop()
+        for child in children.get(parent.pid, []):
+            try:
+                if child.create_time() >= parent.create_time():
+                    found.append(child)
+                    stack.append(child)
+            except psutil.NoSuchProcess:
+                continue
     return found
 
 
@@ -82,10 +107,11 @@ def main(argv: list[str]) -> int:
     except psutil.NoSuchProcess:
         return 0
     seen: dict[tuple[int, float], psutil.Process] = {}
+    ray: set[psutil.Process] = set()
     stdin = sys.stdin.fileno()
     while driver.is_running():
         try:
-            processes = _ray_processes(driver, session)
+            processes = _ray_processes(driver, session, ray)
         except psutil.NoSuchProcess:  # the driver is gone
             break
         for process in processes:

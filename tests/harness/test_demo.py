@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from harness.progress import progress_for
 from harness.spec import parse_spec
 from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, ground_truth, steady_state
 
-# The first test of the module waits for both fixtures' sweeps (two embedded 3-node clusters, a few minutes
+# The first test of the module waits for both fixtures' sweeps (one embedded 3-node cluster, a few minutes
 # each on a 2-core machine), which is more than the suite's per-test default.
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -34,53 +35,61 @@ RAMP_UP_S = 1.0  # the demo's load.ramp_up_s
 RANDOM_IDS_WORKLOAD = {"kind": "random_ids", "input_tokens": 256, "output_tokens": 128, "vocab_size": 163840}
 
 
-def _run_demo(out: Path, **load: object) -> Path:
-    """The demo spec with ``load`` fields changed, run on two simulated 8-GPU nodes (builtin validation).
+@pytest.fixture(scope="module")
+def demo_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """One embedded cluster of NODES simulated 8-GPU nodes for both sweeps (one start-up, one drafter
+    conversion: the second sweep's nodes reuse the first's, as a node does across sweeps); its address and
+    its nodes' drafter cache.
 
-    The nodes' drafter cache is this run's own (the raylets inherit the variable): the drafter is
-    converted here, never taken from an earlier run's /tmp/specsweep-<uid>/drafters.
+    The cache is this module's own (the raylets inherit the variable): the drafter is converted here, never
+    taken from an earlier run's /tmp/specsweep-<uid>/drafters.
     """
-    cache = out.parent / "drafters"
-    cache.mkdir(parents=True)
+    cache = tmp_path_factory.mktemp("drafters")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SPECSWEEP_DRAFTER_CACHE", str(cache))
-        _sweep(out, **load)
-    assert any(cache.iterdir()), "the demo's nodes did not convert the drafter into their own cache"
-    return out
+        with simulated_cluster(nodes=NODES, gpus_per_node=8, cpus_per_node=2) as address:
+            yield address, cache
 
 
-def _sweep(out: Path, **load: object) -> None:
+def _run_demo(out: Path, cluster: tuple[str, Path], **load: object) -> Path:
+    """The demo spec with ``load`` fields changed, run on ``cluster`` (builtin validation)."""
+    address, cache = cluster
     prepare_output(out)
     spec, _ = demo_spec(out, write_demo_inputs(out))
     data = spec.model_dump(mode="json")
     data["load"].update({"duration_s": DURATION_S, **load})
     spec = parse_spec(data, source="reduced demo")
     plan = plan_with_local_configs(spec, use_resolver=False)
-    with simulated_cluster(nodes=NODES, gpus_per_node=8, cpus_per_node=2) as address:
-        summary = run_sweep(
-            spec,
-            "reduced demo\n",
-            plan,
-            out,
-            ray_address=address,
-            resume=False,
-            progress=progress_for(sys.stdout),
-        )
+    summary = run_sweep(
+        spec,
+        "reduced demo\n",
+        plan,
+        out,
+        ray_address=address,
+        resume=False,
+        progress=progress_for(sys.stdout),
+    )
     assert summary.counts["done"] == len(plan.jobs) == 5
+    assert any(cache.iterdir()), "the demo's nodes did not convert the drafter into their own cache"
+    return out
 
 
 @pytest.fixture(scope="module")
-def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_out(tmp_path_factory: pytest.TempPathFactory, demo_cluster: tuple[str, Path]) -> Path:
     """The demo spec (its generated prompt set, default category mix), 12 s per level."""
-    return _run_demo(tmp_path_factory.mktemp("demo") / "results")
+    return _run_demo(tmp_path_factory.mktemp("demo") / "results", demo_cluster)
 
 
 @pytest.fixture(scope="module")
-def random_ids_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def random_ids_out(tmp_path_factory: pytest.TempPathFactory, demo_cluster: tuple[str, Path]) -> Path:
     """The same grid on random token ids (the stress shape), at the loaded levels only."""
     out = tmp_path_factory.mktemp("demo-random") / "results"
     return _run_demo(
-        out, concurrency=[16, 64], workload=RANDOM_IDS_WORKLOAD, duration_s=RANDOM_IDS_DURATION_S
+        out,
+        demo_cluster,
+        concurrency=[16, 64],
+        workload=RANDOM_IDS_WORKLOAD,
+        duration_s=RANDOM_IDS_DURATION_S,
     )
 
 
