@@ -1,4 +1,4 @@
-"""The demo end to end, at a reduced size: its best config per level is the simulator's true best."""
+"""The demo end to end as `specsweep demo` runs it: its winners and measurements are the simulator's truth."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from analysis.select import select_best
 from analysis.views import connect
+from harness.commands.demo import DEMO_NODES
 from harness.demo import demo_spec, prepare_output, simulated_cluster, write_demo_inputs
 from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
@@ -22,12 +23,12 @@ from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, RANDOM_IDS, Load, gr
 # each on a 2-core machine), which is more than the suite's per-test default.
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
-# Seconds per level. At 64 streams a request takes 5 s (the baseline and the short chains) to 10.3 s (the
-# tree): a level of 12 s holds two cycles of the short configs' replacement prefills, so its throughput is
-# their steady state, and sends every deep config's first replacement requests (the ones its window
-# measures) after a 8.3 s or 10.3 s first request. Three nodes run it in two rounds of jobs.
+# The demo's own seconds per level (examples/demo.yaml), checked here because the tests' statistics need it:
+# at 64 streams a request takes 5 s (the baseline and the short chains) to 10.3 s (the tree), so a level of
+# 12 s holds two cycles of the short configs' replacement prefills (its throughput is their steady state)
+# and sends every deep config's first replacement requests (the ones its window measures) after a 8.3 s or
+# 10.3 s first request. The demo's DEMO_NODES (3) run it in two rounds of jobs.
 DURATION_S = 12.0
-NODES = 3
 RANDOM_IDS_DURATION_S = 6.0  # that sweep's test compares winners only
 RAMP_UP_S = 1.0  # the demo's load.ramp_up_s
 
@@ -37,7 +38,7 @@ RANDOM_IDS_WORKLOAD = {"kind": "random_ids", "input_tokens": 256, "output_tokens
 
 @pytest.fixture(scope="module")
 def demo_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """One embedded cluster of NODES simulated 8-GPU nodes for both sweeps (one start-up, one drafter
+    """One embedded cluster of the demo's DEMO_NODES simulated 8-GPU nodes for both sweeps (one start-up, one drafter
     conversion: the second sweep's nodes reuse the first's, as a node does across sweeps); its address and
     its nodes' drafter cache.
 
@@ -47,22 +48,26 @@ def demo_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
     cache = tmp_path_factory.mktemp("drafters")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SPECSWEEP_DRAFTER_CACHE", str(cache))
-        with simulated_cluster(nodes=NODES, gpus_per_node=8, cpus_per_node=2) as address:
+        with simulated_cluster(nodes=DEMO_NODES, gpus_per_node=8, cpus_per_node=2) as address:
             yield address, cache
 
 
 def _run_demo(out: Path, cluster: tuple[str, Path], **load: object) -> Path:
-    """The demo spec with ``load`` fields changed, run on ``cluster`` (builtin validation)."""
+    """The demo spec as `specsweep demo` runs it, with ``load`` fields changed, on ``cluster`` (builtin
+    validation)."""
     address, cache = cluster
     prepare_output(out)
     spec, _ = demo_spec(out, write_demo_inputs(out))
     data = spec.model_dump(mode="json")
-    data["load"].update({"duration_s": DURATION_S, **load})
-    spec = parse_spec(data, source="reduced demo")
+    assert data["load"]["duration_s"] == DURATION_S, (
+        "examples/demo.yaml's levels are not the 12 s tested here"
+    )
+    data["load"].update(load)
+    spec = parse_spec(data, source="the demo spec")
     plan = plan_with_local_configs(spec, use_resolver=False)
     summary = run_sweep(
         spec,
-        "reduced demo\n",
+        "the demo spec\n",
         plan,
         out,
         ray_address=address,
@@ -76,7 +81,7 @@ def _run_demo(out: Path, cluster: tuple[str, Path], **load: object) -> Path:
 
 @pytest.fixture(scope="module")
 def demo_out(tmp_path_factory: pytest.TempPathFactory, demo_cluster: tuple[str, Path]) -> Path:
-    """The demo spec (its generated prompt set, default category mix), 12 s per level."""
+    """The demo's sweep as shipped (its generated prompt set, default category mix, 12 s per level)."""
     return _run_demo(tmp_path_factory.mktemp("demo") / "results", demo_cluster)
 
 
