@@ -93,11 +93,14 @@ def _column(out: Path, sql: str, *params: object) -> list[object]:
             "did you mean output_tok_s_per_gpu, output_tok_s_per_user? known metrics: "
             + ", ".join(SLO_METRICS),
         ),
-        (
-            {"objective": "num_errors"},
-            "metric 'num_errors' cannot be an objective (it is not a rankable rate or percentile)",
-            "--objective",
-            f"use one of: {', '.join(OBJECTIVE_METRICS)} (it can still be an SLO)",
+        *(
+            (
+                {"objective": name},
+                f"metric {name!r} cannot be an objective (it is not a rankable rate or percentile)",
+                "--objective",
+                f"use one of: {', '.join(OBJECTIVE_METRICS)} (it can still be an SLO)",
+            )
+            for name in ("num_errors", "server_accept_length")  # a level column; SGLang's own count
         ),
         *(
             (
@@ -207,6 +210,34 @@ def test_select_best_ranks_each_config_with_its_own_fields_when_apart(small_resu
                 difference = level.ranked[0].objective - ranked.objective
                 assert ranked.difference_ci is not None
                 assert 0 < ranked.difference_ci.low < difference < ranked.difference_ci.high
+
+
+def test_select_best_draws_the_same_intervals_for_the_same_seed(small_results: Path) -> None:
+    """A ranking is reproducible: the same seed gives the same intervals, another seed other ones. The
+    default seed is ``best --seed``'s default, 0, so the demo's and the confirmation's rankings (which
+    pass none) match ``best``'s."""
+    default, zero, one = (
+        _select(small_results, at="concurrency=4", **seed) for seed in ({}, {"seed": 0}, {"seed": 1})
+    )
+    assert default == zero
+    assert default.levels[0].ranked[0].objective_ci != one.levels[0].ranked[0].objective_ci
+
+
+def test_select_best_ranks_a_job_without_a_recorded_argv(small_results: Path, tmp_path: Path) -> None:
+    """A job row without SGLang's argv (``sglang_argv`` null) is ranked with none."""
+    out = _copy(small_results, tmp_path)
+    path = job_part_path(out, "jobs", "synthetic", job_id_of(SMALL, D4, 0))
+    rows = pq.read_table(path)
+    field = rows.schema.get_field_index("sglang_argv")
+    write_parquet_atomic(
+        rows.set_column(field, "sglang_argv", pa.nulls(1, rows.schema.field(field).type)), path
+    )
+    ranked = {r.config_label: r.sglang_argv for r in _select(out, at="concurrency=4").levels[0].ranked}
+    assert ranked == {
+        "chain d=4": None,
+        "chain d=8": sglang_argv(SMALL, D8),
+        "baseline": sglang_argv(SMALL, BASELINE),
+    }
 
 
 def test_select_best_intervals_widen_with_confidence(small_results: Path) -> None:
@@ -395,6 +426,46 @@ def test_select_best_counts_goodput_under_request_slos(small_results: Path) -> N
     assert by_label["chain d=4"].speedup is None and by_label["chain d=4"].speedup_ci is None
 
 
+def test_select_best_ranks_under_an_slo_on_goodput_given_request_slos(small_results: Path) -> None:
+    """With per-request SLOs an SLO may name goodput: a config below the share is excluded with its value
+    (at TPOT <= 7 ms the baseline's share is 0, chain d=8's 23%, chain d=4's over 90%)."""
+    level = _select(
+        small_results,
+        slos=parse_slos("goodput_share>=0.2", SLO_METRICS),
+        request_slos=parse_request_slos("tpot_ms<=7"),
+        at="concurrency=4",
+    ).levels[0]
+    assert [(e.config_label, e.reasons) for e in level.excluded] == [
+        ("baseline", ("goodput_share = 0 is not >= 0.2",))
+    ]
+    assert [r.config_label for r in level.ranked] == ["chain d=4", "chain d=8"]
+    assert all(r.slo_values["goodput_share"] >= 0.2 for r in level.ranked)
+
+
+def test_select_best_gives_no_goodput_share_to_a_run_without_requests_in_its_window(
+    small_results: Path, tmp_path: Path
+) -> None:
+    """A run none of whose requests was sent inside the measurement window has goodput 0 and no share
+    (not 0%: there is nothing to share)."""
+    out = _copy(small_results, tmp_path)
+    path = job_part_path(out, "requests", "synthetic", job_id_of(SMALL, D8, 0))
+    rows = pq.read_table(path)
+    outside = pa.compute.if_else(
+        pa.compute.equal(rows["load_level"], "concurrency=4"), False, rows["in_window"]
+    )
+    write_parquet_atomic(
+        rows.set_column(rows.schema.get_field_index("in_window"), "in_window", outside), path
+    )
+    level = _select(out, request_slos=parse_request_slos("e2e_ms<=1e9"), at="concurrency=4").levels[0]
+    assert {r.config_label: (r.goodput_rps, r.goodput_share) for r in level.ranked}["chain d=8"] == (
+        0.0,
+        None,
+    )
+    assert all(
+        r.goodput_rps > 0 and r.goodput_share == 1.0 for r in level.ranked if r.config_label != "chain d=8"
+    )
+
+
 def test_select_best_ties_one_good_request_with_none(small_results: Path) -> None:
     """A request SLO only the fastest request meets: its config wins with one good request, which is
     not distinguishable from none (a resample may leave that request out, so the difference's interval
@@ -450,6 +521,31 @@ def test_select_best_separates_configs_less_than_one_unit_apart(small_results: P
             ),
         )
     ]
+
+
+def test_select_best_says_when_a_speculative_config_reports_no_value_for_the_objective(
+    small_results: Path, tmp_path: Path
+) -> None:
+    """A speculative config whose successful requests lack the objective is excluded for that, not for
+    failed requests, and not as the baseline."""
+    out = _copy(small_results, tmp_path)
+    path = job_part_path(out, "levels", "synthetic", job_id_of(SMALL, D4, 0))
+    rows = pq.read_table(path)
+    field = rows.schema.get_field_index("accept_length_p50")
+    write_parquet_atomic(
+        rows.set_column(field, "accept_length_p50", pa.nulls(rows.num_rows, pa.float64())), path
+    )
+    level = _select(out, objective="accept_length_p50", at="concurrency=4").levels[0]
+    assert [(e.config_label, e.reasons) for e in level.excluded] == [
+        (
+            "baseline",
+            (
+                "accept_length_p50 has no value (its requests do not report it: the baseline does not speculate)",
+            ),
+        ),
+        ("chain d=4", ("accept_length_p50 has no value (its successful requests do not report it)",)),
+    ]
+    assert [r.config_label for r in level.ranked] == ["chain d=8"]
 
 
 def _write_repeats(out: Path) -> SyntheticSweep:
@@ -594,6 +690,19 @@ def test_select_best_refuses_unfinished_or_mixed_results(small_results: Path, tm
         _select(out, allow_partial=True)
     assert refused.value.problem == "holds 2 sweeps (other, synthetic); best ranks one sweep at a time"
     assert refused.value.fix == "give each sweep its own output directory"
+
+
+def test_select_best_ranks_the_fixed_levels_of_a_sweep_that_also_searched_capacity(
+    small_results: Path, tmp_path: Path
+) -> None:
+    """Capacity probes beside fixed load levels: the levels are ranked as without them."""
+    out = _copy(small_results, tmp_path)
+    job_id = job_id_of(SMALL, D4, 0)
+    write_parquet_atomic(
+        capacity_table([_probe("synthetic", job_id, 0, 4.0, True)]),
+        job_part_path(out, "capacity", "synthetic", job_id),
+    )
+    assert [lv.winner.config_label for lv in _select(out).levels if lv.winner] == ["chain d=4", "baseline"]
 
 
 def test_select_best_points_at_capacity_when_the_sweep_has_no_fixed_levels(
