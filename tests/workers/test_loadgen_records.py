@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -403,6 +404,19 @@ def test_run_load_shard_processes_spill_their_rows_as_they_go(wire: WireServer, 
         )
 
 
+def test_run_load_starts_closed_loop_streams_evenly_over_the_ramp_on_the_runs_clock(wire: WireServer) -> None:
+    """Two streams over a 0.2 s ramp, each request about 0.2 s long (paced chunks): the first stream sends
+    at once, the second not before 0.1 s; the window opens at the ramp's end; ``t0_ns`` is the run's start
+    on this process's clock."""
+    level = LoadLevel(concurrency=2, requests=2, ramp_up_s=0.2)
+    before = time.perf_counter_ns()
+    result = run_load(wire.url("paced_nominal"), level, WORKLOAD, calibration_streams=1)
+    first, second = result.records
+    assert first.start_ns < 100_000_000 <= second.start_ns
+    assert result.window_start_s == 0.2
+    assert before < result.t0_ns < time.perf_counter_ns()
+
+
 def test_run_load_stops_a_sequential_level_once_precise_enough(wire: WireServer) -> None:
     """Identical replies give a narrow throughput interval: the level stops long before its count, after
     at least 3 rounds of its 4 streams, and says so; the warmup does not stop early."""
@@ -581,11 +595,34 @@ def test_run_load_open_loop_cuts_off_its_requests_in_flight_on_ctrl_c(wire: Wire
     )
 
 
+def test_run_load_shard_processes_keep_their_cut_off_rows_on_ctrl_c(wire: WireServer) -> None:
+    """Ctrl-C reaches every process of the terminal's group: each of two shard processes cuts off its
+    stalled request and writes it, and ``run_load`` waits for them (the drain plus 10 s, so even after a
+    0.1 s drain): one ``cut_off`` row from each shard."""
+    level = LoadLevel(concurrency=2, requests=2, processes=2, request_timeout_s=30, drain_s=0.1)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupter = threading.Thread(target=_interrupt_when, args=(lambda: len(wire.stalled) == 2,))
+    interrupter.start()
+    try:
+        result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1)
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGINT, previous)
+    assert (result.interrupted, result.processes) == (True, 2)
+    assert sorted((r.request_id, r.error_type, r.error_message) for r in result.records) == [
+        (f"r{i:07d}", "cut_off", "run ended with the request in flight after 1 tokens") for i in range(2)
+    ]
+
+
 def _interrupt_when(ready: Callable[[], bool]) -> None:
-    """SIGINT to this process (Ctrl-C) once ``ready()`` holds; none if it never does within 30 s."""
+    """SIGINT (Ctrl-C) to this process's shard processes, then to this process, as a terminal sends it
+    to the whole group, once ``ready()`` holds; none if it never does within 30 s."""
     deadline = time.monotonic() + 30
     while not ready():
         if time.monotonic() > deadline:
             return
         time.sleep(0.005)
+    for child in psutil.Process().children():
+        if "workers.load.generator" in child.cmdline():
+            child.send_signal(signal.SIGINT)
     os.kill(os.getpid(), signal.SIGINT)
