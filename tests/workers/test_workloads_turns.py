@@ -220,3 +220,17 @@ def test_simulator_counts_each_turns_prompt_as_the_conversation_so_far_when_repl
         words = len(CONVERSATIONS[0]["turns"][record.turn].split())  # type: ignore[index]
         reply_words = before.completion_tokens - (before.finish_reason == "stop")  # EOS prints no word
         assert record.prompt_tokens == before.prompt_tokens + reply_words + words + 8
+
+
+def test_warmup_sends_exactly_its_count_when_conversations_have_turns(tmp_path: Path) -> None:
+    """4 warmup requests of 3-turn conversations are 4 requests (a whole conversation and the first turn of
+    the next), not every turn of each conversation started: warmup is the level's count, kept out of the
+    measured rows, and the measured requests follow it."""
+    workload = PromptSetWorkload(path=str(mt_bench_file(tmp_path)), format="mt_bench", max_tokens=16)
+    with RecordingChatServer().running() as server:
+        level = LoadLevel(concurrency=1, requests=3, warmup_requests=4)
+        result = run_load(server.url, level, workload, calibration_streams=2)
+    assert len(server.bodies) == 7
+    assert sorted(r.turn for r in result.warmup_records) == [0, 0, 1, 2]
+    assert all(r.warmup for r in result.warmup_records) and not any(r.warmup for r in result.records)
+    assert len(result.records) == 3
