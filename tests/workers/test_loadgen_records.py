@@ -26,6 +26,7 @@ from analysis.schema import RequestRecord
 from tests.workers.wire_server import BUSY_FLUSHES, WireServer
 from workers.job import LoadLevel
 from workers.load.generator import (
+    LoadResult,
     _achieved_rate,
     _Context,
     _Outcome,
@@ -578,15 +579,7 @@ def test_run_load_open_loop_cuts_off_its_requests_in_flight_on_ctrl_c(wire: Wire
     """Ctrl-C while an open loop's two requests stall: ``run_load`` returns, marked interrupted, each
     request in flight a ``cut_off`` row (not an exception, not a lost row)."""
     level = LoadLevel(rate_rps=50, arrival="constant", requests=2, request_timeout_s=30)
-    # Python's own Ctrl-C handler, as in a terminal (mutmut's workers ignore SIGINT).
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupter = threading.Thread(target=_interrupt_when, args=(lambda: len(wire.stalled) == 2,))
-    interrupter.start()
-    try:
-        result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1)
-    finally:
-        interrupter.join()
-        signal.signal(signal.SIGINT, previous)
+    result = _run_load_until_ctrl_c(wire, level)
     assert (result.interrupted, result.stop_reason) == (True, "limit")
     assert [r.error_type for r in result.records] == ["cut_off"] * 2
     assert all(
@@ -600,18 +593,24 @@ def test_run_load_shard_processes_keep_their_cut_off_rows_on_ctrl_c(wire: WireSe
     stalled request and writes it, and ``run_load`` waits for them (the drain plus 10 s, so even after a
     0.1 s drain): one ``cut_off`` row from each shard."""
     level = LoadLevel(concurrency=2, requests=2, processes=2, request_timeout_s=30, drain_s=0.1)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupter = threading.Thread(target=_interrupt_when, args=(lambda: len(wire.stalled) == 2,))
-    interrupter.start()
-    try:
-        result = run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1)
-    finally:
-        interrupter.join()
-        signal.signal(signal.SIGINT, previous)
+    result = _run_load_until_ctrl_c(wire, level)
     assert (result.interrupted, result.processes) == (True, 2)
     assert sorted((r.request_id, r.error_type, r.error_message) for r in result.records) == [
         (f"r{i:07d}", "cut_off", "run ended with the request in flight after 1 tokens") for i in range(2)
     ]
+
+
+def _run_load_until_ctrl_c(wire: WireServer, level: LoadLevel) -> LoadResult:
+    """``run_load`` on the wire server's stalling stream, interrupted by Ctrl-C once two requests stall,
+    under Python's own Ctrl-C handler, as in a terminal (mutmut's workers ignore SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupter = threading.Thread(target=_interrupt_when, args=(lambda: len(wire.stalled) == 2,))
+    interrupter.start()
+    try:
+        return run_load(wire.url("stall"), level, WORKLOAD, calibration_streams=1)
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupt_when(ready: Callable[[], bool]) -> None:
