@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,3 +51,41 @@ def emit(
 def python() -> str:
     """The interpreter running the benchmark (the project venv's under `make bench`)."""
     return sys.executable
+
+
+class OtherCpu:
+    """CPU that processes outside this benchmark used while it ran, in cores (a context manager).
+
+    A benchmark that runs in real time on a shared machine measures the machine as well: a busy process
+    elsewhere delays the simulated server and the client, and their latency tails grow with it. The
+    processes already running at entry that are not this one or its children are watched; ``cores`` is
+    their CPU seconds over the wall seconds between entry and exit (0.0 on an otherwise idle machine).
+    Processes that start later (and are not ours) are not counted: check the machine is quiet first.
+    """
+
+    def __init__(self) -> None:
+        self.cores = 0.0
+        self._start: list[tuple[psutil.Process, float]] = []
+        self._t0 = 0.0
+
+    def __enter__(self) -> OtherCpu:
+        ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+        for process in psutil.process_iter():
+            if process.pid not in ours:
+                with contextlib.suppress(psutil.Error):
+                    self._start.append((process, _cpu_seconds(process)))
+        self._t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        used = 0.0
+        for process, before in self._start:
+            with contextlib.suppress(psutil.Error):
+                if process.is_running():
+                    used += _cpu_seconds(process) - before
+        self.cores = used / max(time.monotonic() - self._t0, 1e-9)
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
