@@ -147,8 +147,8 @@ def _file_lock(out: Output) -> Iterator[None]:
 
 
 @dataclass
-class _RayConnection:
-    """What ``_connect`` did: ``started`` when this call started Ray (and must shut it down); ``reaper``
+class RayConnection:
+    """What ``connect_ray`` did: ``started`` when this call started Ray (and must shut it down); ``reaper``
     when it started an embedded Ray, whose processes the reaper stops once the driver is gone."""
 
     started: bool
@@ -161,10 +161,12 @@ class _RayConnection:
             self.reaper.close()
 
 
-def _connect(address: str, spec: SweepSpec) -> _RayConnection:
-    """Connect to (or start) Ray."""
+def connect_ray(address: str, spec: SweepSpec) -> RayConnection:
+    """Connect to (or start) Ray for ``spec``: ``address`` ``"local"`` starts an embedded cluster sized for its
+    slots. A caller that connects first (a test running several sweeps on one cluster) makes every
+    ``run_sweep`` after it find Ray up and leave it up; it closes the connection itself."""
     if ray.is_initialized():
-        return _RayConnection(started=False)
+        return RayConnection(started=False)
     if address == "local":
         # The simulator needs no GPUs: declare enough for the slots. SGLang uses what Ray detects.
         gpus = spec.gpus_per_server * (spec.max_servers or 2) if spec.engine == "sim" else None
@@ -178,7 +180,7 @@ def _connect(address: str, spec: SweepSpec) -> _RayConnection:
             log_to_driver=False,
             _node_ip_address="127.0.0.1",
         )
-        return _RayConnection(started=True, reaper=Reaper(ray.get_runtime_context().get_session_name()))
+        return RayConnection(started=True, reaper=Reaper(ray.get_runtime_context().get_session_name()))
     else:
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
@@ -188,7 +190,7 @@ def _connect(address: str, spec: SweepSpec) -> _RayConnection:
                 fix="start one (`ray start --head`, `ray up cluster.yaml`), pass its address with "
                 "--ray-address, or use --ray-address local for an embedded one",
             ) from None
-    return _RayConnection(started=True)
+    return RayConnection(started=True)
 
 
 def _acquire_driver_lock(sweep_id: str, where: str | Path) -> Any:
@@ -611,7 +613,7 @@ def run_sweep(
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
     out = output_for(out)
     check_output(out)  # before Ray: a bad URI, endpoint, bucket or key is refused before any launch
-    connection = _connect(ray_address, spec)
+    connection = connect_ray(ray_address, spec)
     where = out.store.describe() if out.remote else str(out.state.resolve())
     try:
         with _file_lock(out), _disk_full_stops(out):

@@ -24,7 +24,7 @@ from harness.commands.best import confirmation_from_args, selection_from_args
 from harness.commands.run import add_arguments as add_run_arguments
 from harness.commands.run import resume_command
 from harness.demo import write_demo_inputs
-from harness.driver import _connect, run_sweep
+from harness.driver import connect_ray, run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import LogProgress
 from harness.spec import parse_spec
@@ -106,7 +106,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = Path(data["output_dir"])
     # One embedded Ray for the three runs, the one `run --ray-address local` starts for this spec (slots and
     # reaper): each run finds it connected and leaves it up, instead of starting and stopping its own.
-    ray_local = _connect("local", parse_spec(data))
+    ray_local = connect_ray("local", parse_spec(data))
     try:
         logs = [_run(data, resume=False)]
         queues = [_attempts(out)]
