@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,17 @@ from tests.object_store import S3Server, moto_server
 from workers.sglang import default_sglang_python
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sigint_as_from_a_terminal() -> Iterator[None]:
+    """Children start with Ctrl-C's default action, as under a terminal. A suite started in the background
+    of a script (``make test &``, some CI runners) inherits SIGINT ignored and hands that to every child,
+    so a test that presses Ctrl-C on ``specsweep load`` would wait for an exit that never comes. Python's
+    own handler here makes exec reset SIGINT to its default in each child."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")
