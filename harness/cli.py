@@ -50,8 +50,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             subparsers.add_parser(name)
             continue
         command = importlib.import_module(f"harness.commands.{module_name}").COMMAND
+        # argparse %-formats a sub-command's help (its line in the command list) but not its description
         sub = subparsers.add_parser(
-            command.name, help=command.help, description=command.description or command.help
+            command.name,
+            help=command.help.replace("%", "%%"),
+            description=command.description or command.help,
         )
         command.add_arguments(sub)
         sub.set_defaults(_run=command.run)

@@ -432,7 +432,7 @@ def _undecided(level: LevelChoice, confidence: str) -> list[str]:
 
 COMMAND = Command(
     name="best",
-    help="the best config per load level under SLOs, its speedup with a 95%% interval, and its command",
+    help="the best config per load level under SLOs, its speedup with a 95% interval, and its command",
     add_arguments=add_arguments,
     run=run,
 )
