@@ -46,7 +46,7 @@ browser:
 test: venv sglang-venv browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -p no:cacheprovider $(RANDOM_ORDER) -ra $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider $(RANDOM_ORDER) -ra --durations=10 $(PYTEST_ARGS)
 
 bench: venv sglang-venv
 	$(VENV)/bin/python -m bench
