@@ -22,7 +22,7 @@ from harness.spec import SweepSpec
 from specsweep.errors import SpecError
 from workers.job import JobSpec, launch_args
 from workers.load.workloads import PromptSetWorkload
-from workers.sglang import SpecParams, ValidationReport, validate_many
+from workers.sglang import SpecParams, ValidationReport, default_sglang_python, validate_many
 
 BASELINE_LABEL = "baseline"
 POINT_STATUSES: tuple[str, ...] = ("ok", "adjusted", "unchecked", "invalid")
@@ -262,6 +262,20 @@ def _require_local_drafter(spec: SweepSpec) -> None:
         )
 
 
+def _require_local_target(spec: SweepSpec) -> None:
+    """SGLang's resolver reads the target's config.json; a model_path that is not on this machine would
+    drop every point with SGLang's Hugging Face "Repo id" message: say so, naming the path and the fix."""
+    if spec.model_path == "dummy":
+        return
+    raise SpecError(
+        f"the target {spec.model_path!r} has no config.json on this machine, so SGLang's resolver cannot "
+        "check the sweep's launches",
+        where="model_path",
+        fix="pass --target-config DIR (a local directory holding the target's config.json; weights are not "
+        "needed), or --builtin-only to check with the built-in rules alone",
+    )
+
+
 def _speculates(spec: SweepSpec) -> bool:
     """Whether any requested point runs a draft model."""
     return any(p.requested.speculative_algorithm for p in grid_points(spec))
@@ -278,7 +292,12 @@ def plan_with_local_configs(
     """Plan the sweep, validating with the configs this machine can read: the target's when its path is
     local, and the drafter's after converting it here (into the same node cache the workers use) when its
     checkpoint is local. The spec's ``sglang_python`` validates when it exists on this machine."""
+    python = sglang_python
+    if python is None and spec.sglang_python and Path(spec.sglang_python).exists():
+        python = spec.sglang_python
     target = target_config_dir or _local_dir(spec.model_path)
+    if target is None and use_resolver and (python or default_sglang_python()):
+        _require_local_target(spec)
     draft = draft_config_dir
     if draft is None:
         _require_local_drafter(spec)
@@ -286,9 +305,6 @@ def plan_with_local_configs(
         from workers.convert.cache import converted_drafter
 
         draft = str(converted_drafter(spec.drafter, spec.model_path))
-    python = sglang_python
-    if python is None and spec.sglang_python and Path(spec.sglang_python).exists():
-        python = spec.sglang_python
     return plan_sweep(
         spec,
         sglang_python=python,

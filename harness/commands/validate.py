@@ -91,6 +91,8 @@ def print_human(report: ValidationReport, console: Console) -> None:
         console.print(
             f"[yellow]warning[/yellow] {escape(f'[{finding.code}] {finding.message}')}", soft_wrap=True
         )
+        if finding.suggestion:
+            console.print(f"  fix: {escape(finding.suggestion)}", soft_wrap=True)
     if report.corrected_argv:
         console.print("command that runs what was asked:")
         console.print("  " + shlex.join(LAUNCH_PREFIX + report.corrected_argv), soft_wrap=True, markup=False)

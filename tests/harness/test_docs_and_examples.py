@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,31 @@ def test_examples_exist_when_repo_checked_out() -> None:
     assert {p.name for p in EXAMPLE_SPECS} >= {"demo.yaml", "kimi-k25-eagle3.yaml"}
     for path in EXAMPLE_SPECS:
         load_spec(path)
+
+
+def test_seed_launches_script_gives_each_verdict_when_run_from_another_directory(
+    tmp_path: Path, sglang_python: str
+) -> None:
+    """examples/seed-launches.sh runs from any directory: the three launches end invalid, invalid and
+    adjusted (exit codes 2, 2, 3), and the script itself exits 0 only because each verdict was expected."""
+    env = {**os.environ, "SPECSWEEP": str(Path(sys.executable).with_name("specsweep"))}
+    env["SPECSWEEP_SGLANG_PYTHON"] = sglang_python
+    done = subprocess.run(
+        [str(REPO / "examples" / "seed-launches.sh")], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    codes = re.findall(r"^exit code (\d+) ", done.stdout, flags=re.M)
+    assert codes == ["2", "2", "3"], done.stdout
+    assert "not found" not in done.stdout + done.stderr
+
+
+def test_seed_launches_script_fails_with_the_fix_when_specsweep_is_missing(tmp_path: Path) -> None:
+    """A missing specsweep ends the script at once with exit 2 and the command that installs it (it printed
+    "not found" three times and exited 0)."""
+    env = {**os.environ, "SPECSWEEP": str(tmp_path / "no-such-specsweep")}
+    done = subprocess.run(
+        [str(REPO / "examples" / "seed-launches.sh")], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "make venv sglang-venv" in done.stderr
+    assert "==" not in done.stdout

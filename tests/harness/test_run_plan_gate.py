@@ -72,3 +72,22 @@ def test_planning_names_the_path_when_the_drafter_path_does_not_exist(
     assert code == 2
     assert str(missing) in err and "drafter.path" in err and "--draft-config" in err
     assert "Repo id" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_planning_names_target_config_when_the_target_is_not_on_this_machine(
+    command: str,
+    tmp_path: Path,
+    eagle3_draft: Path,
+    sglang_python: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A model_path that exists only on the GPU nodes, with SGLang's resolver on: one error naming
+    model_path and `--target-config DIR`, exit 2 (every point was dropped with SGLang's Hugging Face
+    "Repo id" message, which says nothing about the launch)."""
+    spec = write_spec(tmp_path, Path("/models/Kimi-K2.5"), eagle3_draft, speculative={"chain_depths": [3]})
+    code = main([command, str(spec), "--sglang-python", sglang_python, "--draft-config", str(eagle3_draft)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "/models/Kimi-K2.5" in err and "model_path" in err and "--target-config DIR" in err
+    assert "Repo id" not in err and "Traceback" not in err

@@ -386,3 +386,23 @@ def test_validate_names_key_when_adaptive_config_malformed(adaptive_reports) -> 
         assert named in builtin.errors[0].message
         assert report.status == "invalid"
         assert report.layers["sglang 0.5.23"].startswith("ValueError")
+
+
+def test_cli_validate_judges_by_builtin_rules_and_names_target_config_when_model_path_is_not_here(
+    sglang_python: str,
+) -> None:
+    """The README's launch on a model path that exists only on the GPU nodes: exit 3 (adjusted, 2 draft
+    tokens), judged by the built-in rules, with a warning that SGLang's resolver was not run and the fix
+    `--target-config DIR`; never SGLang's "Repo id" message as an INVALID verdict (it was exit 2)."""
+    argv = ["--model-path", "/models/Kimi-K2.5", *MISSION_3[2:]]
+    proc = _cli("--json", "--sglang-python", sglang_python, "--", *argv)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "adjusted" and out["effective"]["speculative_num_draft_tokens"] == 2
+    assert out["checked_by"] == ["builtin"]
+    assert out["layers"]["sglang 0.5.23"].startswith("not run")
+    (note,) = [w for w in out["warnings"] if w["code"] == "sglang_not_run"]
+    assert "/models/Kimi-K2.5" in note["message"] and "--target-config DIR" in note["suggestion"]
+    human = _cli("--sglang-python", sglang_python, "--", *argv)
+    assert human.returncode == 3 and "fix: pass --target-config DIR" in human.stdout
+    assert "Repo id" not in human.stdout + human.stderr

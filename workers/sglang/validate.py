@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -265,9 +266,47 @@ def validate_many(
     with SGLangResolver(python) as resolver:
         label = f"sglang {resolver.version}"
         for argv in argv_lists:
+            missing = None if target_config_dir else _target_not_here(argv)
+            if missing is not None:
+                report = _report(argv, None, None, target_config_dir, draft_config_dir)
+                reports.append(_resolver_not_run(report, label, missing))
+                continue
             result = resolver.resolve(_resolver_argv(argv, target_config_dir, draft_config_dir))
             reports.append(_report(argv, result, label, target_config_dir, draft_config_dir))
     return reports
+
+
+def _target_not_here(argv: list[str]) -> str | None:
+    """The launch's ``--model-path`` when it names no local directory with a ``config.json``.
+
+    SGLang's resolver reads the target's config; given a path that exists only on the GPU nodes it takes
+    it for a Hugging Face repo id and raises ``OSError: Repo id must be ...``, which says nothing about
+    the launch. Such a launch is judged by the built-in rules alone, and the report says so."""
+    try:
+        model_path = parse_launch_args(argv).get("model_path")
+    except ArgvError:
+        return None  # SGLang's parser gives its own verdict on the argv
+    if not model_path or model_path == "dummy" or (Path(model_path) / "config.json").is_file():
+        return None
+    return str(model_path)
+
+
+def _resolver_not_run(report: ValidationReport, label: str, model_path: str) -> ValidationReport:
+    """``report`` (built-in rules only) marked with why SGLang's resolver did not judge it."""
+    note = Finding(
+        "sglang_not_run",
+        f"SGLang's resolver was not run: {model_path!r} has no config.json on this machine (a path on the "
+        "GPU nodes?); the verdict is the built-in rules'",
+        "pass --target-config DIR, a local directory holding the target's config.json (weights are not "
+        "needed), to have SGLang check the launch",
+    )
+    warnings = [w for w in report.warnings if w.code != "target_config_unreadable"]
+    return report.model_copy(
+        update={
+            "warnings": [note, *warnings],
+            "layers": {**report.layers, label: f"not run: no config.json under {model_path!r}"},
+        }
+    )
 
 
 def validate(
