@@ -310,11 +310,14 @@ def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
         return 0, b""
 
 
-def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.25) -> float:
+def wait_healthy(
+    server: ServerProcess, timeout_s: float, poll_s: float = 0.25, *, shared_port: bool = False
+) -> float:
     """Wait until ``/health`` answers 200 while watching the process; returns seconds since launch.
 
     An exit raises ServerFailure classified from the log; no answer within ``timeout_s`` raises
-    startup_timeout; a 200 from a process that is not this launch raises port_taken (``check_owner``).
+    startup_timeout; a 200 from a process that is not this launch raises port_taken (``check_owner``),
+    unless ``shared_port`` says several servers listen on the port on purpose (SO_REUSEPORT benchmarks).
     The caller stops the server."""
     deadline = server.started + timeout_s
     while True:
@@ -326,7 +329,8 @@ def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.25) 
             raise ServerFailure(error_class, f"{message}: {evidence}" if evidence else message, tail)
         status, _ = http_get(server.url + api.HEALTH, timeout_s=2.0)
         if status == 200:
-            check_owner(server)
+            if not shared_port:
+                check_owner(server)
             return time.monotonic() - server.started
         if time.monotonic() > deadline:
             raise ServerFailure(
@@ -468,10 +472,12 @@ def running_server(
     log_path: Path | None = None,
     healthy_within_s: float | None = 30.0,
     stop_grace_s: float = 5.0,
+    shared_port: bool = False,
 ) -> Iterator[ServerProcess]:
     """Start ``config`` on ``port`` (default: one reserved for it, ``workers.node.ports``), wait for
-    ``/health`` unless ``healthy_within_s`` is None, and stop its whole process group on exit. The log goes
-    to ``log_path`` (default: a temporary file, removed on exit)."""
+    ``/health`` unless ``healthy_within_s`` is None (from any of the servers on a ``shared_port``), and
+    stop its whole process group on exit. The log goes to ``log_path`` (default: a temporary file, removed
+    on exit)."""
     from workers.node.ports import reserved_port
 
     owns_log = log_path is None
@@ -485,7 +491,7 @@ def running_server(
         server = start_server(config, port, log_path)
         try:
             if healthy_within_s is not None:
-                wait_healthy(server, healthy_within_s, poll_s=0.05)
+                wait_healthy(server, healthy_within_s, poll_s=0.05, shared_port=shared_port)
             yield server
         finally:
             server.stop(stop_grace_s)
@@ -500,9 +506,12 @@ def start_sim(
     port: int | None = None,
     log_path: Path | None = None,
     healthy_within_s: float | None = 30.0,
+    shared_port: bool = False,
 ) -> contextlib.AbstractContextManager[ServerProcess]:
     """``running_server`` for the simulated server with SGLang launch ``args`` and SPECSWEEP_SIM_* ``env``."""
     config = ServerConfig(
         engine="sim", python=sys.executable, args=tuple(args), env=tuple(sorted((env or {}).items()))
     )
-    return running_server(config, port=port, log_path=log_path, healthy_within_s=healthy_within_s)
+    return running_server(
+        config, port=port, log_path=log_path, healthy_within_s=healthy_within_s, shared_port=shared_port
+    )
