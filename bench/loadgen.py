@@ -147,7 +147,7 @@ def paced_servers(profile: Path, count: int = SIM_PROCESSES) -> Iterator[PacedSe
             if time.monotonic() > deadline or any(h.popen.poll() is not None for h in handles):
                 raise RuntimeError("\n".join(h.log_text()[-2000:] for h in handles))
             time.sleep(0.05)
-        wait_healthy(handles[0], 30)
+        wait_healthy(handles[0], 30, shared_port=True)
         yield PacedServers(handles[0].url, [h.popen.pid for h in handles])
 
 

@@ -30,6 +30,7 @@ TRANSIENT_CLASSES: frozenset[ErrorClass] = frozenset(
         ErrorClass.CACHE_FLUSH_FAILED,
         ErrorClass.STOP_FAILED,
         ErrorClass.GPUS_BUSY,
+        ErrorClass.PORT_TAKEN,
         ErrorClass.PROMPTS_UNREADABLE,
         ErrorClass.NODE_LOST,
         ErrorClass.ATTEMPT_TIMEOUT,

@@ -27,14 +27,17 @@ from workers.job import (
     TelemetrySpec,
     Timeouts,
 )
+from workers.sglang import api
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
-# owns where the server listens, the spec owns the model and the drafter.
+# owns where the server listens and the tag that tells its server from another, the spec owns the model
+# and the drafter.
 OWNED_FLAGS: tuple[str, ...] = (
     "--model-path",
     "--model",
     "--host",
     "--port",
+    api.LAUNCH_TAG_FLAG,
     "--speculative-algorithm",
     "--speculative-draft-model-path",
     "--speculative-draft-model",
@@ -133,7 +136,8 @@ class SweepSpec(StrictModel):
     base_args: list[str] = Field(
         default_factory=list,
         description="SGLang arguments shared by every server, e.g. [--tp-size, '8', --mem-fraction-static, "
-        "'0.88']. Not: --model-path, --host, --port or the speculative flags (the sweep sets those).",
+        "'0.88']. Not: --model-path, --host, --port, --weight-version (the launch tag) or the speculative "
+        "flags (the sweep sets those).",
     )
     gpus_per_server: PositiveInt = Field(
         default=8, description="GPUs of one server; all on one node (STRICT_PACK placement)."

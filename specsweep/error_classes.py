@@ -27,6 +27,7 @@ class ErrorClass(StrEnum):
     CACHE_FLUSH_FAILED = "cache_flush_failed"  # /flush_cache before a level did not succeed
     STOP_FAILED = "stop_failed"  # processes of the server survived SIGKILL
     GPUS_BUSY = "gpus_busy"  # other processes hold the slot's GPUs
+    PORT_TAKEN = "port_taken"  # another process holds or answers on the server's port (not our server)
     NODE_LOST = "node_lost"  # the worker (or its node) went away
     ATTEMPT_TIMEOUT = "attempt_timeout"  # the worker did not answer within the job's limits
     WORKER_ERROR = "worker_error"  # the worker raised an unexpected exception

@@ -364,7 +364,10 @@ def test_servers_share_one_port_when_reuse_port_is_set(kimi_target: Path):
     port = pick_free_port("127.0.0.1")
     args = ["--model-path", str(kimi_target)]
     env = {**FAST, "SPECSWEEP_SIM_REUSE_PORT": "1"}
-    with start_sim(args, env=env, port=port) as first, start_sim(args, env=env, port=port) as second:
+    with (
+        start_sim(args, env=env, port=port, shared_port=True) as first,
+        start_sim(args, env=env, port=port, shared_port=True) as second,
+    ):
         started: set[float] = set()
         deadline = time.monotonic() + 30  # the second is "healthy" as soon as the first answers
         while len(started) < 2 and time.monotonic() < deadline:

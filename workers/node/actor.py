@@ -2,8 +2,10 @@
 
 For each job: preflight (the slot's GPUs idle, or the job fails naming the PIDs that hold them; a
 server a previous worker left behind, found through the node-local pid file, is killed), convert the
-drafter once per node (the converter's cache), launch the server and wait for ``/health`` while
-watching it, check the live ``/server_info`` against the plan (config_mismatch), warm up, run each
+drafter once per node (the converter's cache), launch the server on a port reserved for it on this node
+(``workers.node.ports``) and wait for ``/health`` while watching it, make sure the server answering is the
+one launched (port_taken otherwise: ``workers.node.launcher.check_owner``), check the live
+``/server_info`` against the plan (config_mismatch), warm up, run each
 load level (cache flushed before each) while ``workers.node.telemetry`` samples the server's
 ``/metrics`` and the slot's GPUs, snapshot ``/server_info`` and ``/metrics``, stop the server (and
 confirm its process group is gone), and write the attempt's Parquet files.
@@ -48,12 +50,14 @@ from workers.node.launcher import (
     ServerProcess,
     classify_exit,
     http_get,
+    launch_tag_problem,
     pid_dir,
     python_for,
     start_server,
     wait_healthy,
 )
-from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes, pick_free_port
+from workers.node.ports import reserved_port
+from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes
 from workers.node.records import AttemptFacts, job_record
 from workers.node.telemetry import AttemptTelemetry, start_profile
 from workers.node.watch import LevelWatch
@@ -201,16 +205,16 @@ class NodeWorker:
             args=tuple(job.launch_args(draft_path, self._adaptive_config_file(job, log_path.parent))),
             env=self._server_env(job, state.attempt),
         )
-        port = pick_free_port(config.host)
-        server = start_server(config, port, log_path)
-        with self._server_lock:
-            self._server = server
-        self.pid_file.record(server, job.job_id)
-        state.facts = replace(state.facts, argv=tuple(server.argv), draft_model_path=draft_path)
-        try:
-            return self._measure(state, server)
-        finally:
-            self._stop(server, job)
+        with reserved_port(config.host) as port:  # held until the server is stopped
+            server = start_server(config, port, log_path)
+            with self._server_lock:
+                self._server = server
+            self.pid_file.record(server, job.job_id)
+            state.facts = replace(state.facts, argv=tuple(server.argv), draft_model_path=draft_path)
+            try:
+                return self._measure(state, server)
+            finally:
+                self._stop(server, job)
 
     def _measure(
         self, state: _Attempt, server: ServerProcess
@@ -383,6 +387,9 @@ class NodeWorker:
                 ErrorClass.HEALTH_LOST, f"{api.SERVER_INFO} answered {status or 'nothing'}", server.log_tail()
             )
         info: dict[str, Any] = json.loads(body)
+        problem = launch_tag_problem(server, info)
+        if problem is not None:  # our server held the port at /health; someone shares it now
+            raise ServerFailure(ErrorClass.PORT_TAKEN, problem, server.log_tail())
         return info
 
     def _check_alive(self, server: ServerProcess) -> None:

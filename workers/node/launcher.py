@@ -9,7 +9,13 @@ long-lived spawner thread. The process group is recorded in a node-local pid fil
 on the same GPUs can kill whatever a crashed one left behind.
 
 Exit before ``/health`` answers is classified from the log (bad_args, resolve_error, cuda_oom,
-nccl_error, crash); no answer in time is startup_timeout.
+nccl_error, port_taken, crash); no answer in time is startup_timeout.
+
+A 200 from ``/health`` is only believed from the server this launcher started. Each launch carries a
+unique tag SGLang echoes in ``/server_info`` (``api.LAUNCH_TAG_FLAG``), and the TCP socket listening on
+the port must belong to the launch's process group (``workers.node.ports``); otherwise another process
+answers on the port (an orphan server, a clash) and the launch fails as port_taken, to be retried on
+another port, never measured and never a config_mismatch.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import os
 import queue
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -65,13 +72,15 @@ class ServerConfig:
     env: tuple[tuple[str, str], ...] = ()  # extra environment for the server process
     host: str = "127.0.0.1"
 
-    def argv(self, port: int) -> list[str]:
-        """The exact argv of the server process."""
+    def argv(self, port: int, launch_tag: str) -> list[str]:
+        """The exact argv of the server process (the tag last but for the address, so it wins)."""
         return [
             self.python,
             "-m",
             ENGINE_MODULES[self.engine],
             *self.args,
+            api.LAUNCH_TAG_FLAG,
+            launch_tag,
             "--host",
             self.host,
             "--port",
@@ -183,6 +192,7 @@ class ServerProcess:
     log_path: Path
     argv: list[str]
     started: float  # time.monotonic() at launch
+    launch_tag: str  # unique to this launch; the server reports it as /server_info's api.LAUNCH_TAG
 
     @property
     def pgid(self) -> int:
@@ -224,7 +234,8 @@ class ServerProcess:
 
 def start_server(config: ServerConfig, port: int, log_path: Path) -> ServerProcess:
     """Start the server as a direct child in its own session, dying with this process; log to a file."""
-    argv = config.argv(port)
+    launch_tag = f"specsweep-{secrets.token_hex(8)}"
+    argv = config.argv(port, launch_tag)
     env = {**os.environ, **dict(config.env)}
     if config.engine == "sim":  # the simulator is part of this package: make it importable from anywhere
         package_root = str(Path(__file__).resolve().parent.parent)
@@ -246,7 +257,13 @@ def start_server(config: ServerConfig, port: int, log_path: Path) -> ServerProce
     popen = _spawner().spawn(start)
     log.info("started server pid %d on port %d: %s", popen.pid, port, " ".join(argv))
     return ServerProcess(
-        config=config, popen=popen, port=port, log_path=log_path, argv=argv, started=time.monotonic()
+        config=config,
+        popen=popen,
+        port=port,
+        log_path=log_path,
+        argv=argv,
+        started=time.monotonic(),
+        launch_tag=launch_tag,
     )
 
 
@@ -293,11 +310,15 @@ def http_get(url: str, timeout_s: float) -> tuple[int, bytes]:
         return 0, b""
 
 
-def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.25) -> float:
+def wait_healthy(
+    server: ServerProcess, timeout_s: float, poll_s: float = 0.25, *, shared_port: bool = False
+) -> float:
     """Wait until ``/health`` answers 200 while watching the process; returns seconds since launch.
 
     An exit raises ServerFailure classified from the log; no answer within ``timeout_s`` raises
-    startup_timeout (the caller stops the server)."""
+    startup_timeout; a 200 from a process that is not this launch raises port_taken (``check_owner``),
+    unless ``shared_port`` says several servers listen on the port on purpose (SO_REUSEPORT benchmarks).
+    The caller stops the server."""
     deadline = server.started + timeout_s
     while True:
         returncode = server.poll()
@@ -308,6 +329,8 @@ def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.25) 
             raise ServerFailure(error_class, f"{message}: {evidence}" if evidence else message, tail)
         status, _ = http_get(server.url + api.HEALTH, timeout_s=2.0)
         if status == 200:
+            if not shared_port:
+                check_owner(server)
             return time.monotonic() - server.started
         if time.monotonic() > deadline:
             raise ServerFailure(
@@ -316,6 +339,53 @@ def wait_healthy(server: ServerProcess, timeout_s: float, poll_s: float = 0.25) 
                 server.log_tail(),
             )
         time.sleep(poll_s)
+
+
+# --- ownership: is the server on the port the one we launched? --------------------------------------------
+
+
+def launch_tag_problem(server: ServerProcess, info: Mapping[str, object]) -> str | None:
+    """Why a ``/server_info`` body is not this launch's (its tag differs), or None."""
+    reported = info.get(api.LAUNCH_TAG)
+    if reported == server.launch_tag:
+        return None
+    return f"{api.SERVER_INFO} reports {api.LAUNCH_TAG} {reported!r}, not this launch's {server.launch_tag!r}"
+
+
+def check_owner(server: ServerProcess) -> None:
+    """Raise port_taken unless the launched process group holds the port's listening socket and the
+    server answering there reports this launch's tag.
+
+    The socket check names the intruder and catches a copy of our own launch (same argv, same tag); the
+    tag check still works where the OS will not list sockets (psutil's AccessDenied) and catches a
+    server reached on the port that another process group listens on beside ours (SO_REUSEPORT)."""
+    from workers.node.ports import foreign_listeners
+
+    problems = []
+    group = set(group_members(server.pgid))
+    listeners = foreign_listeners(server.port, group)
+    if listeners is not None:
+        foreign, ours = listeners
+        if foreign:
+            owners = ", ".join(f"pid {x.pid}" if x.pid else "a process of another user" for x in foreign)
+            problems.append(f"port {server.port} is also held by {owners}, outside group {server.pgid}")
+        elif not ours:
+            problems.append(f"no process of group {server.pgid} listens on port {server.port}")
+    status, body = http_get(server.url + api.SERVER_INFO, timeout_s=30.0)
+    try:
+        info = json.loads(body) if status == 200 else None
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        problems.append(f"{api.SERVER_INFO} answered {status or 'nothing'} without an SGLang body")
+    elif (problem := launch_tag_problem(server, info)) is not None:
+        problems.append(problem)
+    if problems:
+        raise ServerFailure(
+            ErrorClass.PORT_TAKEN,
+            "another server answers on the port (not this launch): " + "; ".join(problems),
+            server.log_tail(),
+        )
 
 
 # --- node-local pid file ----------------------------------------------------------------------------------
@@ -402,26 +472,31 @@ def running_server(
     log_path: Path | None = None,
     healthy_within_s: float | None = 30.0,
     stop_grace_s: float = 5.0,
+    shared_port: bool = False,
 ) -> Iterator[ServerProcess]:
-    """Start ``config`` on ``port`` (default: a free one), wait for ``/health`` unless
-    ``healthy_within_s`` is None, and stop its whole process group on exit. The log goes to ``log_path``
-    (default: a temporary file, removed on exit)."""
-    from workers.node.preflight import pick_free_port
+    """Start ``config`` on ``port`` (default: one reserved for it, ``workers.node.ports``), wait for
+    ``/health`` unless ``healthy_within_s`` is None (from any of the servers on a ``shared_port``), and
+    stop its whole process group on exit. The log goes to ``log_path`` (default: a temporary file, removed
+    on exit)."""
+    from workers.node.ports import reserved_port
 
     owns_log = log_path is None
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="specsweep-server-", suffix=".log")
         os.close(fd)
         log_path = Path(name)
-    server = start_server(config, port if port is not None else pick_free_port(config.host), log_path)
-    try:
-        if healthy_within_s is not None:
-            wait_healthy(server, healthy_within_s, poll_s=0.05)
-        yield server
-    finally:
-        server.stop(stop_grace_s)
-        if owns_log:
-            log_path.unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        if port is None:
+            port = stack.enter_context(reserved_port(config.host))
+        server = start_server(config, port, log_path)
+        try:
+            if healthy_within_s is not None:
+                wait_healthy(server, healthy_within_s, poll_s=0.05, shared_port=shared_port)
+            yield server
+        finally:
+            server.stop(stop_grace_s)
+            if owns_log:
+                log_path.unlink(missing_ok=True)
 
 
 def start_sim(
@@ -431,9 +506,12 @@ def start_sim(
     port: int | None = None,
     log_path: Path | None = None,
     healthy_within_s: float | None = 30.0,
+    shared_port: bool = False,
 ) -> contextlib.AbstractContextManager[ServerProcess]:
     """``running_server`` for the simulated server with SGLang launch ``args`` and SPECSWEEP_SIM_* ``env``."""
     config = ServerConfig(
         engine="sim", python=sys.executable, args=tuple(args), env=tuple(sorted((env or {}).items()))
     )
-    return running_server(config, port=port, log_path=log_path, healthy_within_s=healthy_within_s)
+    return running_server(
+        config, port=port, log_path=log_path, healthy_within_s=healthy_within_s, shared_port=shared_port
+    )

@@ -74,6 +74,19 @@ SERVER_INFO_VERSION = "version"
 SERVER_INFO_INTERNAL_STATES = "internal_states"
 AVG_SPEC_ACCEPT_LENGTH = "avg_spec_accept_length"  # lifetime average, reset by /flush_cache
 
+# --- the launch tag: which process answers on the port ---------------------------------------------------
+# A label that changes nothing but what the server reports, so each launch can carry a unique one and
+# the launcher can tell its own server from any other that answers on the port. SGLang 0.5.23's
+# ``--weight-version`` (``sglang/srt/arg_groups/fields/serving.py``, "Version identifier for the model
+# weights", default "default") is such a label: ``GET /server_info`` returns ``build_server_info``
+# (``sglang/srt/utils/common.py``), i.e. ``server_args.resolved_dict()``, which holds it as
+# ``weight_version`` (checked by running SGLang's resolver); ``/model_info`` and every response's
+# ``meta_info`` echo it too (``TokenizerManager.config_value("weight_version")``). It is otherwise read
+# only by weight-update bookkeeping (``update_weights_*`` requests, never sent by the harness): no
+# scheduling, kernel or API the load generator uses depends on it.
+LAUNCH_TAG_FLAG = "--weight-version"
+LAUNCH_TAG = "weight_version"  # resolved_dict() key in /server_info, also in /model_info and meta_info
+
 # --- /metrics (Prometheus, needs --enable-metrics) -------------------------------------------------------
 # Names as SGLang 0.5.23 defines them (srt/observability/metrics_collector.py); counters carry their
 # ``_total`` sample suffix. Scheduler gauges are the state at the scheduler's last stats log.

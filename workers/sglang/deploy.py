@@ -1,7 +1,8 @@
 """SGLang 0.5.23 launch commands to deploy: a measured launch made portable, and an adaptive schedule.
 
-A measured launch names where the sweep ran it (``--host``, ``--port``, a node-local converted drafter);
-the command a team deploys names the model and drafter where the team keeps them and no listen address.
+A measured launch names where the sweep ran it (``--host``, ``--port``, a node-local converted drafter)
+and carries the launcher's per-launch tag (``api.LAUNCH_TAG_FLAG``); the command a team deploys names the
+model and drafter where the team keeps them, no listen address and no tag.
 ``--speculative-adaptive`` with ``--speculative-adaptive-config FILE`` serves a different draft depth per
 batch size from one launch: the JSON maps batch-size thresholds (strings of digits) to
 ``{"candidate_steps": [...]}``, step 0 meaning no drafting; SGLang routes a batch to the largest
@@ -18,7 +19,7 @@ from typing import Any
 from workers.sglang import api
 from workers.sglang.rules import SPEC_FLAGS, adaptive_config_problem
 
-LISTEN_FLAGS = ("--host", "--port")
+LAUNCH_ONLY_FLAGS = ("--host", "--port", api.LAUNCH_TAG_FLAG)  # where and which launch: not deployed
 MODEL_FLAG = "--model-path"
 DRAFT_FLAG = "--speculative-draft-model-path"
 ADAPTIVE_CONFIG_FLAG = "--speculative-adaptive-config"
@@ -31,7 +32,7 @@ def launch_args(argv: Sequence[str]) -> list[str]:
 
 
 def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None) -> list[str]:
-    """``args`` without a listen address, with the model and drafter paths to deploy."""
+    """``args`` without a listen address or launch tag, with the model and drafter paths to deploy."""
     out: list[str] = []
     skip = False
     for token in args:
@@ -39,7 +40,7 @@ def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None)
             skip = False
             continue
         name = token.split("=", 1)[0]
-        if name in LISTEN_FLAGS:
+        if name in LAUNCH_ONLY_FLAGS:
             skip = "=" not in token
             continue
         out.append(token)

@@ -36,4 +36,8 @@ LOAD_CRASH_CODES: tuple[str, ...] = (
 LOG_CLASSES: tuple[tuple[ErrorClass, tuple[str, ...]], ...] = (
     (ErrorClass.CUDA_OOM, ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")),
     (ErrorClass.NCCL_ERROR, ("NCCL error", "ncclInternalError", "ncclSystemError", "ncclUnhandledCudaError")),
+    # uvicorn's bind failure once the weights are loaded: "[Errno 98] error while attempting to bind on
+    # address ('127.0.0.1', 30000): address already in use" (asyncio lower-cases the strerror); the
+    # multi-tokenizer listener's probe bind raises the plain "[Errno 98] Address already in use".
+    (ErrorClass.PORT_TAKEN, ("address already in use", "Address already in use")),
 )

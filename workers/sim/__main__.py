@@ -36,11 +36,20 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+class _BindFailed(Exception):
+    """The HTTP port could not be bound (uvicorn logs the OSError and exits 1)."""
+
+
 async def _serve(server: SimServer, host: str, port: int) -> None:
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=server.settings.reuse_port or None)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as err:
+        await runner.cleanup()
+        logger.error("ERROR:    %s", err)  # uvicorn's line: "[Errno 98] error while attempting to bind ..."
+        raise _BindFailed from err
     logger.info("INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port)
     server.begin_loading()
     stop = asyncio.Event()
@@ -84,7 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         die_like_sglang(startup_crash, starting=True)
     host = str(config.resolved_args.get("host") or "127.0.0.1")
     port = int(config.resolved_args.get("port") or 30000)
-    _event_loop_runner()(_serve(SimServer(config, settings), host, port))
+    time.sleep(settings.bind_delay_s)  # SGLang loads the weights before its HTTP server binds
+    try:
+        _event_loop_runner()(_serve(SimServer(config, settings), host, port))
+    except _BindFailed:
+        return 1
     return 0
 
 

@@ -9,6 +9,9 @@ does not have comes from the environment:
 ``SPECSWEEP_SIM_TIME_SCALE``    real seconds per simulated second (``0.1`` runs 10x faster). Default 1.
 ``SPECSWEEP_SIM_SEED``          base seed of the per-request acceptance draws. Default 0.
 ``SPECSWEEP_SIM_LOAD_DELAY_S``  real seconds of "weight loading" before the server is ready. Default 0.
+``SPECSWEEP_SIM_BIND_DELAY_S``  real seconds before the HTTP port is bound, as real SGLang binds it only
+                                once the weights are loaded (minutes): the window in which another
+                                process can take the port. Default 0.
 ``SPECSWEEP_SIM_FAULT``         one fault mode (see ``FaultMode``). Default: none.
 ``SPECSWEEP_SIM_FAULT_AFTER``   for ``crash_after`` / ``hang_mid_stream``: requests served normally first.
 ``SPECSWEEP_SIM_FAULT_EVERY``   for ``http_500``: every N-th generation request fails with HTTP 500.
@@ -37,6 +40,7 @@ ENV_PROFILE = "SPECSWEEP_SIM_PROFILE"
 ENV_TIME_SCALE = "SPECSWEEP_SIM_TIME_SCALE"
 ENV_SEED = "SPECSWEEP_SIM_SEED"
 ENV_LOAD_DELAY_S = "SPECSWEEP_SIM_LOAD_DELAY_S"
+ENV_BIND_DELAY_S = "SPECSWEEP_SIM_BIND_DELAY_S"
 ENV_FAULT = "SPECSWEEP_SIM_FAULT"
 ENV_FAULT_AFTER = "SPECSWEEP_SIM_FAULT_AFTER"
 ENV_FAULT_EVERY = "SPECSWEEP_SIM_FAULT_EVERY"
@@ -71,6 +75,9 @@ class SimSettings(BaseModel):
     time_scale: float = Field(default=1.0, gt=0, description="Real seconds per simulated second.")
     seed: int = Field(default=0, description="Base seed of the per-request acceptance draws.")
     load_delay_s: float = Field(default=0.0, ge=0, description="Real seconds before the server is ready.")
+    bind_delay_s: float = Field(
+        default=0.0, ge=0, description="Real seconds before the HTTP port is bound (SGLang's weight loading)."
+    )
     fault: FaultMode = Field(default=FaultMode.NONE, description="Injected failure, if any.")
     fault_after: int = Field(default=0, ge=0, description="Requests served normally before the fault.")
     fault_every: int = Field(default=2, ge=1, description="Period of HTTP 500 answers (http_500 mode).")
@@ -139,6 +146,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
         (ENV_TIME_SCALE, "time_scale", float),
         (ENV_SEED, "seed", int),
         (ENV_LOAD_DELAY_S, "load_delay_s", float),
+        (ENV_BIND_DELAY_S, "bind_delay_s", float),
         (ENV_FAULT, "fault", FaultMode),
         (ENV_FAULT_AFTER, "fault_after", int),
         (ENV_FAULT_EVERY, "fault_every", int),
