@@ -150,3 +150,16 @@ def test_launcher_classifies_real_sglang_exit_as_recorded_when_launched_live(
     if case.error_class == "node_setup":
         assert f"{config.python} lacks" in caught.value.message
     assert group_members(server.pgid) == []
+
+
+def test_start_server_fails_as_node_setup_when_sglang_python_does_not_exist(tmp_path: Path) -> None:
+    """An sglang_python the node does not have is node_setup naming it and the fix (the worker would
+    otherwise raise FileNotFoundError and the attempt end as an unexplained worker_error)."""
+    config = ServerConfig(engine="sglang", python=str(tmp_path / "no-such-python"), args=())
+    with pytest.raises(ServerFailure) as caught:
+        start_server(config, pick_free_port("127.0.0.1"), tmp_path / "server.log")
+    assert caught.value.error_class == "node_setup"
+    assert caught.value.message.startswith(
+        f"cannot run {config.python} on this node: No such file or directory"
+    )
+    assert FIX in caught.value.message

@@ -223,7 +223,8 @@ class ServerProcess:
 
 
 def start_server(config: ServerConfig, port: int, log_path: Path) -> ServerProcess:
-    """Start the server as a direct child in its own session, dying with this process; log to a file."""
+    """Start the server as a direct child in its own session, dying with this process; log to a file.
+    An interpreter the node cannot run (missing, not executable) is node_setup, not a worker error."""
     argv = config.argv(port)
     env = {**os.environ, **dict(config.env)}
     if config.engine == "sim":  # the simulator is part of this package: make it importable from anywhere
@@ -243,7 +244,12 @@ def start_server(config: ServerConfig, port: int, log_path: Path) -> ServerProce
                 preexec_fn=_die_with_parent(os.getpid()),
             )
 
-    popen = _spawner().spawn(start)
+    try:
+        popen = _spawner().spawn(start)
+    except OSError as err:
+        if err.filename != config.python:  # the log file, not the interpreter
+            raise
+        raise ServerFailure(ErrorClass.NODE_SETUP, failures.python_unusable(config.python, err)) from None
     log.info("started server pid %d on port %d: %s", popen.pid, port, " ".join(argv))
     return ServerProcess(
         config=config, popen=popen, port=port, log_path=log_path, argv=argv, started=time.monotonic()

@@ -76,3 +76,8 @@ def node_setup_evidence(line: str, python: str) -> str:
             missing = lacks.format(module=repr(module.group(1)) if module else "named above")
             return f"{line} ({python} lacks {missing}); fix: {NODE_SETUP_FIX}"
     raise ValueError(f"not a node-setup line: {line!r}")
+
+
+def python_unusable(python: str, err: OSError) -> str:
+    """A node_setup failure's message when the server's Python cannot even be started (``err`` from exec)."""
+    return f"cannot run {python} on this node: {err.strerror}; fix: {NODE_SETUP_FIX}"
