@@ -127,6 +127,24 @@ def test_classify_exit_says_the_node_lacks_a_driver_when_torch_finds_none() -> N
     assert "lacks an NVIDIA driver" in evidence and FIX in evidence
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+        "mem_fraction_static=0.88",
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.88. "
+        "Raise --mem-fraction-static above 0.912 (minimum viable = 1 - available/pre = 0.9115). If using "
+        "speculative decoding, draft weights are now counted.",
+    ],
+)
+def test_classify_exit_says_cuda_oom_when_sglang_finds_no_room_for_the_kv_cache(line: str) -> None:
+    """SGLang 0.5.23's own start-up memory errors (text from model_executor/pool_configurator.py and
+    mem_cache/kv_cache_configurator.py; a GPU is needed to see them) are cuda_oom, final, not a crash that
+    is retried; SGLang's advice is the evidence."""
+    log = f"[2026-12-05 04:29:54] Load weight end.\nTraceback (most recent call last):\n  File x\n{line}\n"
+    assert classify_exit(log, 1) == ("cuda_oom", line)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.recording.removesuffix(".log"))
 def test_launcher_classifies_real_sglang_exit_as_recorded_when_launched_live(
     case: Case, sglang_python: str, tmp_path: Path

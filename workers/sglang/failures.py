@@ -60,9 +60,21 @@ NODE_SETUP_FIX = (
 )
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 
-# Error class -> substrings of a server log that identify it (first match wins, in this order).
+# Error class -> substrings of a server log that identify it (first match wins, in this order). Besides
+# torch's and CUDA's out-of-memory errors, SGLang's own when the weights leave no room for the KV cache
+# (model_executor/pool_configurator.py, mem_cache/kv_cache_configurator.py; read in the source, a GPU is
+# needed to see them).
 LOG_CLASSES: tuple[tuple[ErrorClass, tuple[str, ...]], ...] = (
-    (ErrorClass.CUDA_OOM, ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")),
+    (
+        ErrorClass.CUDA_OOM,
+        (
+            "CUDA out of memory",
+            "OutOfMemoryError",
+            "CUDA error: out of memory",
+            "Not enough memory. Please try to increase --mem-fraction-static",
+            "Loaded weights leave no GPU memory for the KV cache",
+        ),
+    ),
     (ErrorClass.NCCL_ERROR, ("NCCL error", "ncclInternalError", "ncclSystemError", "ncclUnhandledCudaError")),
     (ErrorClass.NODE_SETUP, tuple(text for text, _ in NODE_SETUP_LINES)),
 )
