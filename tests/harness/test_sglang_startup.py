@@ -33,7 +33,7 @@ from workers.convert.eagle3_format import SourceFormat
 from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
 from workers.node.launcher import group_members
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.no_gpu]
 
 STARTUP_S = 120.0
 NO_ACCELERATOR = (
