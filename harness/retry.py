@@ -2,8 +2,9 @@
 
 A deterministic failure would happen again on any node (a flag SGLang refuses, a config it resolves
 differently from the plan, a model that does not fit in memory at load): the job fails at once. A
-transient one depends on the node or on luck (a crash, a hang, a lost node, a busy GPU): the job gets up
-to ``retries`` more attempts, on another slot when there is one. Every class is listed in exactly one of
+transient one depends on the node or on luck (a crash, a hang, a lost node, a busy GPU, a node whose
+SGLang Python lacks a GPU or a module: another node's image may have them): the job gets up to
+``retries`` more attempts, on another slot when there is one. Every class is listed in exactly one of
 the two sets (a test checks), so adding a class forces a decision.
 """
 
@@ -23,6 +24,7 @@ DETERMINISTIC_CLASSES: frozenset[ErrorClass] = frozenset(
 TRANSIENT_CLASSES: frozenset[ErrorClass] = frozenset(
     {
         ErrorClass.NCCL_ERROR,
+        ErrorClass.NODE_SETUP,
         ErrorClass.CRASH,
         ErrorClass.STARTUP_TIMEOUT,
         ErrorClass.HEALTH_LOST,

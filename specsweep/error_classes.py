@@ -20,6 +20,7 @@ class ErrorClass(StrEnum):
     BAD_DRAFTER = "bad_drafter"  # the drafter checkpoint cannot be converted
     PROMPTS_UNREADABLE = "prompts_unreadable"  # the node cannot read the prompt set (file or Hub dataset)
     NCCL_ERROR = "nccl_error"  # NCCL failed (node or network)
+    NODE_SETUP = "node_setup"  # the node's SGLang Python cannot serve: no usable GPU, a module it lacks
     CRASH = "crash"  # the server exited for another reason
     STARTUP_TIMEOUT = "startup_timeout"  # /health not 200 within the startup limit
     HEALTH_LOST = "health_lost"  # the server stopped answering while alive

@@ -9,7 +9,7 @@ long-lived spawner thread. The process group is recorded in a node-local pid fil
 on the same GPUs can kill whatever a crashed one left behind.
 
 Exit before ``/health`` answers is classified from the log (bad_args, resolve_error, cuda_oom,
-nccl_error, port_taken, crash); no answer in time is startup_timeout.
+nccl_error, port_taken, node_setup, crash); no answer in time is startup_timeout.
 
 A 200 from ``/health`` is only believed from the server this launcher started. Each launch carries a
 unique tag SGLang echoes in ``/server_info`` (``api.LAUNCH_TAG_FLAG``), and the TCP socket listening on
@@ -233,7 +233,8 @@ class ServerProcess:
 
 
 def start_server(config: ServerConfig, port: int, log_path: Path) -> ServerProcess:
-    """Start the server as a direct child in its own session, dying with this process; log to a file."""
+    """Start the server as a direct child in its own session, dying with this process; log to a file.
+    An interpreter the node cannot run (missing, not executable) is node_setup, not a worker error."""
     launch_tag = f"specsweep-{secrets.token_hex(8)}"
     argv = config.argv(port, launch_tag)
     env = {**os.environ, **dict(config.env)}
@@ -254,7 +255,12 @@ def start_server(config: ServerConfig, port: int, log_path: Path) -> ServerProce
                 preexec_fn=_die_with_parent(os.getpid()),
             )
 
-    popen = _spawner().spawn(start)
+    try:
+        popen = _spawner().spawn(start)
+    except OSError as err:
+        if err.filename != config.python:  # the log file, not the interpreter
+            raise
+        raise ServerFailure(ErrorClass.NODE_SETUP, failures.python_unusable(config.python, err)) from None
     log.info("started server pid %d on port %d: %s", popen.pid, port, " ".join(argv))
     return ServerProcess(
         config=config,
@@ -283,9 +289,12 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def classify_exit(log_text: str, returncode: int) -> tuple[ErrorClass, str | None]:
+def classify_exit(
+    log_text: str, returncode: int, python: str = "the server's Python"
+) -> tuple[ErrorClass, str | None]:
     """Failure class of a server that exited, from its log (SGLang's messages) and exit code, with
-    the log line that shows it."""
+    the log line that shows it; for node_setup also what ``python`` lacks and the fix, since the
+    sweep's arguments are not what is wrong."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     exception = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), None)
     fallback = exception or (lines[-1] if lines else None)
@@ -294,6 +303,8 @@ def classify_exit(log_text: str, returncode: int) -> tuple[ErrorClass, str | Non
             continue
         for line in reversed(lines):
             if any(p in line for p in patterns):
+                if error_class == ErrorClass.NODE_SETUP:
+                    return error_class, failures.node_setup_evidence(line, python)
                 # a resolution error matches on a traceback frame; the exception line says more
                 return error_class, fallback if error_class == ErrorClass.RESOLVE_ERROR else line
     return ErrorClass.CRASH, fallback
@@ -324,7 +335,7 @@ def wait_healthy(
         returncode = server.poll()
         if returncode is not None:
             tail = server.log_tail()
-            error_class, evidence = classify_exit(tail, returncode)
+            error_class, evidence = classify_exit(tail, returncode, server.config.python)
             message = f"server exited with code {returncode} before it was healthy"
             raise ServerFailure(error_class, f"{message}: {evidence}" if evidence else message, tail)
         status, _ = http_get(server.url + api.HEALTH, timeout_s=2.0)
