@@ -210,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_by_category(args, store)
     if args.objective == CAPACITY:
         return _run_capacity(args, store)
+    if args.emit is not None:
+        from harness.emit import check_destination
+
+        check_destination(args.emit)  # before the ranking, which can take a while
     con, selection = selection_from_args(args, store)
     try:
         confirmation = confirmation_from_args(args, store, con, selection)
