@@ -69,30 +69,33 @@ def run(args: argparse.Namespace) -> int:
         con = connect(store, read_only=not args.unsafe)  # refuses a directory without results first
     try:
         if args.query is not None:
-            print(_run_query(con, args.query, args.max_rows, unsafe=args.unsafe, where=store.location))
+            _run_query(con, args.query, args.max_rows, unsafe=args.unsafe, where=store.location)
             return 0
         return _shell(con, args.max_rows, unsafe=args.unsafe, where=store.location)
     finally:
         con.close()
 
 
-def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool, where: str) -> str:
-    """Each statement's result as a text table, labelled when there are several (all are checked before
-    the first runs); a bad query is a user error, not a traceback, and so is a damaged result object
-    (``where``: OUT)."""
+def _run_query(
+    con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool, where: str
+) -> None:
+    """Print each statement's result as a text table as it completes, labelled when there are several
+    (all are checked before the first runs); a bad query is a user error, not a traceback, and so is a
+    damaged result object (``where``: OUT)."""
     from analysis.views import split_statements
 
     with _query_errors(where, "QUERY"):
         statements = split_statements(query, read_only=not unsafe)
     if not statements:
         raise ResultsError("the query holds no statement", where="QUERY", fix="write a SELECT query")
-    results = []
+    several = len(statements) > 1
     for i, statement in enumerate(statements, 1):
-        label = f"statement {i} of {len(statements)}" if len(statements) > 1 else ""
-        with _query_errors(where, f"QUERY, {label}" if label else "QUERY"):
+        label = f"statement {i} of {len(statements)}"
+        with _query_errors(where, f"QUERY, {label}" if several else "QUERY"):
             result = _run_statement(con, statement, max_rows)
-        results.append(f"-- {label}: {_label(statement)}\n{result}" if label else result)
-    return "\n\n".join(results)
+        if several:
+            print(("\n" if i > 1 else "") + f"-- {label}: {_label(statement)}")
+        print(result)
 
 
 @contextmanager
@@ -175,7 +178,7 @@ def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool, where
             query = "".join(buffer).strip().rstrip(";")
             buffer.clear()
             try:
-                print(_run_query(con, query, max_rows, unsafe=unsafe, where=where))
+                _run_query(con, query, max_rows, unsafe=unsafe, where=where)
             except ResultsError as err:
                 print(f"error: {err.problem}", file=sys.stderr)
                 status = 2

@@ -212,3 +212,15 @@ def test_split_statements_returns_each_query_when_all_only_read() -> None:
         "EXPLAIN (FORMAT json) FROM jobs",
         "DESCRIBE jobs",
     ]
+
+
+def test_sql_prints_the_results_before_the_failure_when_a_later_statement_fails(
+    clear_results: tuple[Path, SyntheticSweep], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failing second statement does not swallow the first one's result: it is printed, then one line
+    names the statement that failed (exit 2)."""
+    out, _ = clear_results
+    assert main(["sql", str(out), "SELECT 41 + 1 AS first_answer; SELECT no_such_column FROM jobs"]) == 2
+    captured = capsys.readouterr()
+    assert "first_answer" in captured.out and "42" in captured.out
+    assert "QUERY, statement 2 of 2: query failed" in captured.err and "Traceback" not in captured.err
