@@ -367,9 +367,8 @@ def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
     holds on its own, whatever statement ``split_statements`` lets through."""
     con.execute("SET temp_directory = ''")  # no spill files: a query beyond memory fails as out of memory
     con.execute("SET enable_external_access = false")
-    con.execute(
-        "SET disabled_filesystems = 'LocalFileSystem'"
-    )  # after: that SET itself needs the file system
+    # after external access: setting that once the file system is off fails
+    con.execute("SET disabled_filesystems = 'LocalFileSystem'")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET lock_configuration = true")

@@ -5,8 +5,9 @@ This is the only place that prints user errors and chooses exit codes: 0 success
 ``load`` when no request succeeded, 5 when a write found the disk full (``DiskFullError``: nothing is
 half-written; ``run --resume`` continues a sweep), 130 on Ctrl-C. An OSError no command turned into a
 message is still one line (exit 2) when the user's paths or permissions caused it (``USER_OS_ERRNOS``,
-with the path it names; ``-vv`` logs where it was raised); any other stays a traceback, as a bug. Subcommands live in ``harness.commands``; their
-modules are imported lazily so that ``specsweep validate`` does not pay for Ray or DuckDB.
+with the path it names; ``-vv`` logs where it was raised); any other stays a traceback, as a bug.
+Subcommands live in ``harness.commands``; their modules are imported lazily so that ``specsweep
+validate`` does not pay for Ray or DuckDB.
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ def _query_errors(where: str, statement: str) -> Iterator[None]:
 
 
 def _run_statement(con: duckdb.DuckDBPyConnection, statement: str, max_rows: int) -> str:
+    """One statement's result as a text table ("OK" for one without a result, under --unsafe)."""
     relation = con.sql(statement)
     if relation is None:
         return "OK"
