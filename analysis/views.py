@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -201,15 +202,18 @@ def check_results_dir(out: Location) -> None:
     )
 
 
-def connect(out: Location) -> duckdb.DuckDBPyConnection:
-    """In-memory DuckDB with the views above registered over ``out``'s committed results."""
+def connect(out: Location, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """In-memory DuckDB with the views above registered over ``out``'s committed results. With
+    ``read_only`` DuckDB can touch no file at all (``_lock_down``): whatever statement runs on it, it can
+    read the results only through the views and can write nothing."""
     import duckdb
 
     store = as_store(out)
     check_results_dir(store)
     con = duckdb.connect(":memory:")
     con.execute("SET enable_progress_bar = false")
-    sources = _local_sources(store) if store.local_dir is not None else _remote_sources(con, store)
+    local = store.local_dir is not None and not read_only
+    sources = _local_sources(store) if local else _arrow_sources(con, store)
     _register_table(con, "sweep", sources["sweep"], SWEEP_SCHEMA, partitions=("sweep",))
     _register_table(con, "jobs", sources["jobs"], JOBS_SCHEMA, partitions=("sweep", "job"))
     _register_table(con, "levels_all", sources["levels"], LEVELS_SCHEMA, partitions=("sweep", "job"))
@@ -235,6 +239,8 @@ def connect(out: Location) -> duckdb.DuckDBPyConnection:
     con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")
     con.execute(f"CREATE VIEW category_results AS {_CATEGORY_RESULTS_SQL}")
     con.execute(f"CREATE VIEW capacity_results AS {_CAPACITY_RESULTS_SQL}")
+    if read_only:
+        _lock_down(con)
     return con
 
 
@@ -246,9 +252,11 @@ def _local_sources(store: ResultStore) -> dict[str, str | None]:
     return {table: _read_parquet(glob) if _has_files(glob) else None for table, glob in globs.items()}
 
 
-def _remote_sources(con: duckdb.DuckDBPyConnection, store: ResultStore) -> dict[str, str | None]:
+def _arrow_sources(con: duckdb.DuckDBPyConnection, store: ResultStore) -> dict[str, str | None]:
     """Per table an Arrow dataset over the files of the jobs committed when the commits were listed
-    (listed before the data, which is published before its commit), registered as ``_<table>_files``."""
+    (listed before the data, which is published before its commit), registered as ``_<table>_files``.
+    pyarrow reads these files, not DuckDB: how an object store is read, and how a read-only connection
+    reads a local directory while DuckDB's own file system stays switched off."""
     import pyarrow as pa
     import pyarrow.dataset as ds
 
@@ -321,41 +329,141 @@ def is_damaged_object(err: Exception) -> bool:
     return "reading the stream registered as '_" in str(err)
 
 
-# What a read-only connection may run: queries (SELECT, FROM, WITH, DESCRIBE, SHOW, SUMMARIZE) and EXPLAIN.
+# The statements a read-only connection runs: queries (SELECT, FROM, WITH, VALUES, DESCRIBE, SHOW,
+# SUMMARIZE) and EXPLAIN [ANALYZE] of a query.
 READ_ONLY_STATEMENTS: tuple[str, ...] = ("SELECT", "EXPLAIN")
 
+# Table functions a query may call that change the connection's state (logging, profiling, checkpoints,
+# external resources) or run SQL handed to them as text, which no check of the query's own text sees.
+STATEFUL_FUNCTIONS: frozenset[str] = frozenset(
+    {
+        "enable_logging",
+        "disable_logging",
+        "truncate_duckdb_logs",
+        "enable_profiling",
+        "disable_profiling",
+        "checkpoint",
+        "force_checkpoint",
+        "create_external_resource",
+        "destroy_external_resource",
+        "register_external_resource",
+        "register_external_resource_type",
+        "deregister_external_resource",
+        "query",
+        "json_execute_serialized_sql",
+    }
+)
 
-def make_read_only(con: duckdb.DuckDBPyConnection, out: Location) -> None:
-    """Confine a connection made by ``connect`` to reading the results: files outside the result tables
-    cannot be read or written (over an object store DuckDB may touch no file at all: it reads only the
-    Arrow datasets ``connect`` registered), extensions cannot be installed or loaded, and the
-    configuration is locked so a query cannot undo it. Statements other than queries are refused by
-    ``check_read_only``."""
-    local = as_store(out).local_dir
-    if local is not None:
-        tables = ["sweep", *JOB_TABLES]
-        roots = sorted({str(root / table) + "/" for root in (local, local.resolve()) for table in tables})
-        listed = ", ".join("'" + root.replace("'", "''") + "'" for root in roots)
-        con.execute(f"SET allowed_directories = [{listed}]")
+_READ_ONLY_FIX = (
+    "use SELECT queries (or EXPLAIN of one), or pass --unsafe for a full DuckDB (it can then read, write "
+    "and install anything the user can)"
+)
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """Leave a connection that reads the registered Arrow datasets no way to reach a file: DuckDB's local
+    file system and external access off (no COPY, ATTACH, EXPORT, read_csv or read_parquet, to any path),
+    no extension installed or loaded, and the configuration locked so no statement can undo it. This
+    holds on its own, whatever statement ``split_statements`` lets through."""
+    con.execute("SET temp_directory = ''")  # no spill files: a query beyond memory fails as out of memory
     con.execute("SET enable_external_access = false")
+    # after external access: setting that once the file system is off fails
+    con.execute("SET disabled_filesystems = 'LocalFileSystem'")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET lock_configuration = true")
 
 
-def check_read_only(query: str) -> None:
-    """Refuse any statement that is not a query (COPY, ATTACH, INSTALL, LOAD, SET, CREATE, ...)."""
+def split_statements(query: str, *, read_only: bool) -> list[str]:
+    """``query``'s statements by DuckDB's own parser, each as text to run. With ``read_only`` each must be
+    a query or an EXPLAIN of a query (checked inside the EXPLAIN too: EXPLAIN ANALYZE runs its statement);
+    any other statement (COPY, ATTACH, INSTALL, LOAD, SET, PRAGMA, CALL, CREATE, ...) or a call of one of
+    ``STATEFUL_FUNCTIONS`` refuses the whole query before any of it runs."""
     import duckdb
 
-    for statement in duckdb.extract_statements(query):
-        kind = statement.type.name
-        if kind not in READ_ONLY_STATEMENTS:
+    statements = duckdb.extract_statements(query)
+    if read_only:
+        for statement in statements:
+            _check_query(statement)
+    return [statement.query.strip().removesuffix(";").strip() for statement in statements]
+
+
+def _kind(statement: duckdb.Statement) -> str:
+    """The statement's type name; one DuckDB's Python enum lacks (UPDATE EXTENSIONS) is ``OTHER``."""
+    try:
+        return statement.type.name
+    except ValueError:
+        return "OTHER"
+
+
+def _check_query(statement: duckdb.Statement) -> None:
+    """Refuse ``statement`` unless it only reads (see ``split_statements``)."""
+    import duckdb
+
+    kind = _kind(statement)
+    if kind not in READ_ONLY_STATEMENTS:
+        raise ResultsError(
+            f"{kind} statements are not allowed: `specsweep sql` only reads the results",
+            where="QUERY",
+            fix=_READ_ONLY_FIX,
+        )
+    text = statement.query
+    if kind == "EXPLAIN":
+        inner = [_kind(s) for s in duckdb.extract_statements(_explained(text))]
+        if inner != ["SELECT"]:
             raise ResultsError(
-                f"{kind} statements are not allowed: `specsweep sql` only reads the results",
+                f"EXPLAIN of {', '.join(inner) or 'nothing'} is not allowed: EXPLAIN ANALYZE runs the "
+                "statement it explains",
                 where="QUERY",
-                fix="use SELECT queries, or pass --unsafe for a full DuckDB (it can then read, write and "
-                "install anything the user can)",
+                fix=_READ_ONLY_FIX,
             )
+    called = _called_functions(text) & STATEFUL_FUNCTIONS
+    if called:
+        raise ResultsError(
+            f"{', '.join(sorted(called))}() changes DuckDB's state: `specsweep sql` only reads the results",
+            where="QUERY",
+            fix=_READ_ONLY_FIX,
+        )
+
+
+def _tokens(text: str) -> list[tuple[int, str, str]]:
+    """``text``'s tokens by DuckDB's tokenizer as (start, kind, text), comments left out."""
+    import duckdb
+
+    found = duckdb.tokenize(text)
+    ends = [start for start, _ in found[1:]] + [len(text)]
+    return [
+        (start, kind.name, text[start:end].strip())
+        for (start, kind), end in zip(found, ends, strict=True)
+        if kind.name != "comment"
+    ]
+
+
+def _explained(text: str) -> str:
+    """The statement an ``EXPLAIN [ANALYZE] stmt`` or ``EXPLAIN (options) stmt`` wraps, as text."""
+    tokens = _tokens(text)
+    at = 1  # tokens[0] is EXPLAIN
+    if at < len(tokens) and tokens[at][2].upper() == "ANALYZE":
+        at += 1
+    elif at < len(tokens) and tokens[at][2].startswith("("):
+        depth = 0
+        while at < len(tokens):
+            depth += tokens[at][2].count("(") - tokens[at][2].count(")")
+            at += 1
+            if depth <= 0:
+                break
+    return text[tokens[at][0] :] if at < len(tokens) else ""
+
+
+def _called_functions(text: str) -> set[str]:
+    """Lower-case names of the functions ``text`` calls: each name followed by '(' (schema-qualified or
+    quoted names too)."""
+    tokens = _tokens(text)
+    return {
+        word.strip('"').lower()
+        for (_, kind, word), (_, _, after) in pairwise(tokens)
+        if kind in ("identifier", "keyword") and after.startswith("(")
+    }
 
 
 def _has_files(glob: str) -> bool:

@@ -3,13 +3,17 @@
 This is the only place that prints user errors and chooses exit codes: 0 success, 2 user error
 (bad input, with a message naming the problem and the fix), 3 "adjusted" for ``validate``, 4 for
 ``load`` when no request succeeded, 5 when a write found the disk full (``DiskFullError``: nothing is
-half-written; ``run --resume`` continues a sweep), 130 on Ctrl-C. Subcommands live in ``harness.commands``; their
-modules are imported lazily so that ``specsweep validate`` does not pay for Ray or DuckDB.
+half-written; ``run --resume`` continues a sweep), 130 on Ctrl-C. An OSError no command turned into a
+message is still one line (exit 2) when the user's paths or permissions caused it (``USER_OS_ERRNOS``,
+with the path it names; ``-vv`` logs where it was raised); any other stays a traceback, as a bug.
+Subcommands live in ``harness.commands``; their modules are imported lazily so that ``specsweep
+validate`` does not pay for Ray or DuckDB.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sqlite3
@@ -34,6 +38,12 @@ COMMAND_MODULES: dict[str, str] = {
 }
 
 log = logging.getLogger("specsweep")
+
+# OSErrors that a path the user gave causes (a file where a folder belongs, a read-only file system, no
+# permission); a missing file is not among them, as a file the code itself expected can be missing too.
+USER_OS_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG}
+)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -85,13 +95,25 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args))
     except SpecsweepError as err:
         return _report(args.command, err)
-    except (OSError, sqlite3.Error) as err:  # a write that found the disk full, wherever it was
-        if not is_disk_full(err):
-            raise
-        return _report(args.command, disk_full_error(err))
+    except (OSError, sqlite3.Error) as err:
+        if is_disk_full(err):  # a write that found the disk full, wherever it was
+            return _report(args.command, disk_full_error(err))
+        if isinstance(err, OSError) and err.errno in USER_OS_ERRNOS and err.filename:
+            log.debug("the error was raised here", exc_info=True)
+            return _report(args.command, _path_error(err))
+        raise
     except KeyboardInterrupt:
         print(f"specsweep {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _path_error(err: OSError) -> SpecsweepError:
+    """The one-line error for an OSError a user's path caused (``USER_OS_ERRNOS``)."""
+    return SpecsweepError(
+        err.strerror or type(err).__name__,
+        where=str(err.filename),
+        fix="use a path this user can write, whose folders are folders (not files) on a writable file system",
+    )
 
 
 def _report(command: str, err: SpecsweepError) -> int:

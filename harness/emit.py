@@ -1,6 +1,7 @@
 """``specsweep best OUT --emit DIR``: the launch to deploy, its adaptive alternative, and the drafter's provenance.
 
-Files (each written under a temporary name and renamed):
+Files (each written under a temporary name and renamed; when one cannot be written, those already
+written by this call are removed again and the error is one line naming DIR):
 
 - ``DIR/deploy.json``: the weights, the static and adaptive candidates with their mix scores, both
   launch argvs and their validation, which one is recommended, and the drafter's provenance;
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +27,7 @@ import yaml
 from analysis.deploy import config_shapes, level_concurrency, plan_deployment
 from analysis.store import write_local_atomic
 from harness.spec import SweepSpec, parse_spec
-from specsweep.errors import ResultsError
+from specsweep.errors import ResultsError, disk_full_error, is_disk_full
 from workers.sglang import deploy as sglang_deploy
 from workers.sglang.rules import read_model_config
 from workers.sglang.validate import validate_many
@@ -63,14 +66,13 @@ def emit(
         )
 
     static_args = portable(deployment.static.config_label)
-    dest.mkdir(parents=True, exist_ok=True)
+    files = _Files(dest)
     adaptive: dict[str, Any] | None = None
     launches = [static_args]
     if deployment.adaptive is not None:
         schedule = deployment.adaptive.steps_by_batch_size
-        config_path = dest.resolve() / "adaptive.json"
         config = sglang_deploy.adaptive_config(schedule)
-        write_local_atomic(config_path, (json.dumps(config, indent=2) + "\n").encode())
+        config_path = files.write("adaptive.json", (json.dumps(config, indent=2) + "\n").encode())
         adaptive_args = sglang_deploy.adaptive_args(
             portable(deployment.adaptive.chain_label), schedule, str(config_path)
         )
@@ -103,9 +105,55 @@ def emit(
     if result["adaptive"] is None:
         result["recommended"] = "static"
     chosen = result[result["recommended"]]["argv"]
-    write_local_atomic(dest / "launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
-    write_local_atomic(dest / "deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
+    files.write("launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
+    files.write("deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
     return result
+
+
+def check_destination(dest: Path) -> None:
+    """Refuse, before any ranking, an ``--emit DIR`` that cannot hold the files: an existing file, a path
+    under a file, or a folder on a read-only file system or that this user may not write. What only a
+    write can tell (a path in /proc) the write refuses, also in one line (``_Files``)."""
+    path = dest.absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise _unwritable(dest, "it is a file" if existing == path else f"{existing} is a file, not a folder")
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise _unwritable(dest, f"{existing} is on a read-only file system")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _unwritable(dest, f"this user may not write into {existing}")
+
+
+class _Files:
+    """The files one ``emit`` writes into ``dest`` (made when missing), each atomically; a write that fails
+    removes the ones already written, so DIR never holds a launch.sh and deploy.json that disagree."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest
+        self.written: list[Path] = []
+
+    def write(self, name: str, data: bytes) -> Path:
+        """Write ``dest/name``; returns its absolute path (what a launch names)."""
+        path = self.dest.resolve() / name
+        try:
+            write_local_atomic(path, data)
+        except OSError as err:
+            for done in self.written:
+                with suppress(OSError):
+                    done.unlink()
+            if is_disk_full(err):
+                raise disk_full_error(err, where=str(path), doing="writing the deployment files") from None
+            raise _unwritable(self.dest, f"writing {path} failed: {err.strerror}") from None
+        self.written.append(path)
+        return path
+
+
+def _unwritable(dest: Path, why: str) -> ResultsError:
+    return ResultsError(
+        f"cannot write the deployment files into {dest}: {why}",
+        where="--emit",
+        fix="pass --emit a folder this user can write (it is made when missing), e.g. --emit deploy/",
+    )
 
 
 def _sweep_spec(con: duckdb.DuckDBPyConnection) -> SweepSpec:

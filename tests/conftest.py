@@ -75,11 +75,20 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs mounted for this test. Mounting needs root with the right to mount (CI and this
     project's machines have it); where the kernel refuses the mount for lack of privilege the test is
     skipped with that reason, any other mount failure fails it."""
-    mount = tmp_path / "disk"
+    yield from _tmpfs(tmp_path / "disk", "size=64m")
+
+
+@pytest.fixture
+def read_only_disk(tmp_path: Path) -> Iterator[Path]:
+    """An empty tmpfs mounted read-only for this test: even root cannot write there (EROFS), which chmod
+    alone does not achieve. Skipped, as ``small_disk``, where mounting is not allowed."""
+    yield from _tmpfs(tmp_path / "read-only", "size=1m,ro")
+
+
+def _tmpfs(mount: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted on ``mount`` with ``options`` while the fixture lasts."""
     mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True
-    )
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
         reason = done.stderr.decode().strip()
         if "permission denied" in reason.lower() or "must be superuser" in reason.lower():

@@ -210,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_by_category(args, store)
     if args.objective == CAPACITY:
         return _run_capacity(args, store)
+    if args.emit is not None:
+        from harness.emit import check_destination
+
+        check_destination(args.emit)  # before the ranking, which can take a while
     con, selection = selection_from_args(args, store)
     try:
         confirmation = confirmation_from_args(args, store, con, selection)
@@ -293,8 +297,12 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
 
 
 def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
-    """``--objective capacity``: configs by the highest load their capacity search found within its SLOs."""
+    """``--objective capacity``: configs by the highest load their capacity search found within its SLOs.
+    When no probe of any config met the SLOs there is no capacity and no launch to recommend: the ranking
+    is shown (each config's bound), then that is a ResultsError (exit 2), as ``--emit`` refuses when no
+    config meets the SLOs."""
     from analysis.capacity import capacity_text, rank_by_capacity
+    from specsweep.errors import ResultsError
 
     _refuse_emit(
         args,
@@ -303,20 +311,29 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     )
     with _open_results(store) as con:
         choices = rank_by_capacity(con)
+    first = choices[0]
     if args.json:
         print(
             json.dumps({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]}, indent=2)
         )
-        return 0
-    first = choices[0]
-    lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
-    lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
-    for c in choices:
-        lines.append(
-            f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {c.launches:>8} {c.probes:>6}"
+    else:
+        lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
+        lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
+        for c in choices:
+            lines.append(
+                f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {c.launches:>8} {c.probes:>6}"
+            )
+        if first.capacity is not None:
+            lines.append(f"   launch: {first.launch_command or '(unknown)'}")
+        print("\n".join(lines))
+    if first.capacity is None:  # ranked highest first, so no config has one
+        raise ResultsError(
+            f"no config met its SLO ({first.slo}) at any probed load: there is no capacity and no launch "
+            "to recommend",
+            where="--objective capacity",
+            fix="lower load.capacity.lo below the lowest failing load shown, or relax load.capacity.slo, "
+            "and run the sweep again",
         )
-    lines.append(f"   launch: {first.launch_command or '(unknown)'}")
-    print("\n".join(lines))
     return 0
 
 

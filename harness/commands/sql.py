@@ -1,16 +1,21 @@
 """``specsweep sql OUT ["QUERY"]``: DuckDB over a sweep's results; no query opens a small shell.
 
 The connection is in-memory and only reads the committed Parquet files, so it is safe to run next
-to a sweep that is still writing (it takes no lock and never opens ``queue.sqlite``). It is read-only:
-only queries run, files outside the result tables cannot be read or written (over an object store
-DuckDB reads no file at all: pyarrow reads the committed objects for it) and no extension can be
-installed or loaded (``analysis.views.make_read_only``); ``--unsafe`` gives a full DuckDB instead.
+to a sweep that is still writing (it takes no lock and never opens ``queue.sqlite``). It is read-only
+twice over: only queries run (``analysis.views.split_statements``, every statement checked, the one
+inside an EXPLAIN too), and DuckDB itself can reach no file: pyarrow reads the committed files for it,
+and its file system, external access and extensions are off and locked (``connect(read_only=True)``),
+so a statement the check missed still cannot read, create, change or delete a file. ``--unsafe`` gives a
+full DuckDB instead. A query of several statements runs each and prints each result under its own
+label.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.base import Command
@@ -29,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "query",
         nargs="?",
-        help="one SQL query over the views sweep, jobs, levels, requests, results, request_metrics, "
-        "acceptance_by_position; without it, read queries from stdin (end each with ';')",
+        help="SQL over the views sweep, jobs, levels, requests, results, request_metrics, "
+        "acceptance_by_position (statements separated by ';' each print their result); without it, read "
+        "queries from stdin (end each with ';')",
     )
     parser.add_argument(
         "--max-rows", type=_row_count, default=100, metavar="N", help="rows to print (default 100)"
@@ -56,40 +62,55 @@ def _row_count(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.store import open_store
-    from analysis.views import connect, make_read_only, readable_results
+    from analysis.views import connect, readable_results
 
     store = open_store(args.out)
     with readable_results(store):
-        con = connect(store)  # refuses a directory without results before any shell opens
-    if not args.unsafe:
-        make_read_only(con, store)
+        con = connect(store, read_only=not args.unsafe)  # refuses a directory without results first
     try:
         if args.query is not None:
-            print(_run_query(con, args.query, args.max_rows, unsafe=args.unsafe, where=store.location))
+            _run_query(con, args.query, args.max_rows, unsafe=args.unsafe, where=store.location)
             return 0
         return _shell(con, args.max_rows, unsafe=args.unsafe, where=store.location)
     finally:
         con.close()
 
 
-def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool, where: str) -> str:
-    """The query's result as a text table; a bad query is a user error, not a traceback, and so is a
+def _run_query(
+    con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool, where: str
+) -> None:
+    """Print each statement's result as a text table as it completes, labelled when there are several
+    (all are checked before the first runs); a bad query is a user error, not a traceback, and so is a
     damaged result object (``where``: OUT)."""
+    from analysis.views import split_statements
+
+    with _query_errors(where, "QUERY"):
+        statements = split_statements(query, read_only=not unsafe)
+    if not statements:
+        raise ResultsError("the query holds no statement", where="QUERY", fix="write a SELECT query")
+    several = len(statements) > 1
+    for i, statement in enumerate(statements, 1):
+        label = f"statement {i} of {len(statements)}"
+        with _query_errors(where, f"QUERY, {label}" if several else "QUERY"):
+            result = _run_statement(con, statement, max_rows)
+        if several:
+            print(("\n" if i > 1 else "") + f"-- {label}: {_label(statement)}")
+        print(result)
+
+
+@contextmanager
+def _query_errors(where: str, statement: str) -> Iterator[None]:
+    """DuckDB's error as one line naming the statement (``statement``), or the damaged result object."""
     import duckdb
 
-    from analysis.views import check_read_only, damaged_results, is_damaged_object
+    from analysis.views import damaged_results, is_damaged_object
 
     try:
-        if not unsafe:
-            check_read_only(query)
-        relation = con.sql(query)
-        if relation is None:
-            return "OK"
-        return _format(relation.columns, relation.limit(max_rows + 1).fetchall(), max_rows)
+        yield
     except duckdb.PermissionException as err:
         raise ResultsError(
             f"query refused: {err}",
-            where="QUERY",
+            where=statement,
             fix="`specsweep sql` reads only the results' views; pass --unsafe for a full DuckDB",
         ) from None
     except duckdb.Error as err:
@@ -97,9 +118,23 @@ def _run_query(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, uns
             raise damaged_results(err, where) from None
         raise ResultsError(
             f"query failed: {err}",
-            where="QUERY",
+            where=statement,
             fix="check the SQL; `SELECT * FROM information_schema.columns` lists every view's columns",
         ) from None
+
+
+def _run_statement(con: duckdb.DuckDBPyConnection, statement: str, max_rows: int) -> str:
+    """One statement's result as a text table ("OK" for one without a result, under --unsafe)."""
+    relation = con.sql(statement)
+    if relation is None:
+        return "OK"
+    return _format(relation.columns, relation.limit(max_rows + 1).fetchall(), max_rows)
+
+
+def _label(statement: str) -> str:
+    """A statement on one line, cut to fit a terminal."""
+    text = " ".join(statement.split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _format(columns: list[str], rows: list[tuple[Any, ...]], max_rows: int) -> str:
@@ -144,7 +179,7 @@ def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool, where
             query = "".join(buffer).strip().rstrip(";")
             buffer.clear()
             try:
-                print(_run_query(con, query, max_rows, unsafe=unsafe, where=where))
+                _run_query(con, query, max_rows, unsafe=unsafe, where=where)
             except ResultsError as err:
                 print(f"error: {err.problem}", file=sys.stderr)
                 status = 2

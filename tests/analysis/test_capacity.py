@@ -64,16 +64,20 @@ def _probe(sweep_id: str, job_id: str, index: int, rate: float, passed: bool) ->
     )
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("capacity") / "out"
+def _write_results(out: Path, probes_of: dict[tuple[str, int], list[tuple[float, bool]]]) -> Path:
+    """The synthetic sweep at ``out`` with ``probes_of``'s capacity probes committed per job."""
     sweep = SyntheticSweep(configs=CONFIGS, concurrencies=(1,), requests_per_level=40)
     write_sweep(out, sweep)
-    for (label, repeat), probes in PROBES.items():
+    for (label, repeat), probes in probes_of.items():
         job_id = job_id_of(sweep, sweep.config(label), repeat)
         records = [_probe(sweep.sweep_id, job_id, i, rate, ok) for i, (rate, ok) in enumerate(probes)]
         write_parquet_atomic(capacity_table(records), job_part_path(out, "capacity", sweep.sweep_id, job_id))
     return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_results(tmp_path_factory.mktemp("capacity") / "out", PROBES)
 
 
 def test_capacity_results_give_each_jobs_answer_and_bound_when_probes_stored(results: Path) -> None:
@@ -135,3 +139,21 @@ def test_best_points_at_capacity_when_the_sweep_has_no_fixed_levels(
     assert main(["best", str(only), "--objective", "capacity"]) == 2
     err = capsys.readouterr().err
     assert "no capacity search in these results" in err and "load.capacity" in err
+
+
+def test_best_recommends_no_launch_and_exits_2_when_no_probe_met_the_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every probe of every config failed: each config's bound is still shown, but there is no capacity,
+    so no `launch:` line; one line says so and how to fix the search, exit 2, as `--emit` refuses when no
+    config meets the SLOs (it used to print the first config's launch and exit 0)."""
+    failing = {key: [(rate, False) for rate, _ in probes] for key, probes in PROBES.items()}
+    out = _write_results(tmp_path / "out", failing)
+    assert main(["best", str(out), "--objective", "capacity"]) == 2
+    captured = capsys.readouterr()
+    assert "below 16 req/s" in captured.out and "launch:" not in captured.out
+    assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 2, captured.err
+    assert "no config met its SLO" in captured.err and "load.capacity.lo" in captured.err
+    assert main(["best", str(out), "--objective", "capacity", "--json"]) == 2
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert [r["capacity"] for r in ranked] == [None] * len(CONFIGS)

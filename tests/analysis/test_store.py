@@ -18,7 +18,7 @@ import pytest
 from analysis import layout
 from analysis.store import ResultStore, open_store
 from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
-from analysis.views import connect, make_read_only
+from analysis.views import connect
 from harness.cli import main
 from specsweep.errors import ResultsError, StoreError
 from tests.object_store import S3Server, free_port, moto_server
@@ -204,9 +204,7 @@ def test_sql_read_only_reads_no_file_when_results_are_in_a_bucket(
 ) -> None:
     """Over a bucket the sandbox leaves DuckDB no file access at all: neither a local file nor another
     key of the bucket can be read; the views still answer."""
-    store = open_store(bucket_copy)
-    con = connect(store)
-    make_read_only(con, store)
+    con = connect(open_store(bucket_copy), read_only=True)
     assert con.sql("SELECT count(*) FROM jobs").fetchall() == [(3,)]
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")

@@ -13,6 +13,7 @@ from analysis.deploy import config_shapes, level_concurrency, plan_deployment
 from analysis.select import select_best
 from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
 from analysis.views import connect
+from harness.cli import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 KIMI = str(FIXTURES / "kimi-k2")
@@ -143,3 +144,61 @@ def test_plan_deployment_refuses_weights_when_level_unknown(tmp_path: Path) -> N
             select_best(con, tmp_path), config_shapes(con), level_concurrency(con), {"concurrency=2": 1}
         )
     assert "concurrency=16" in str(info.value.fix)
+
+
+@pytest.fixture(scope="module")
+def emit_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished sweep with its spec, whose chains win (so emit writes adaptive.json first)."""
+    out = tmp_path_factory.mktemp("emit") / "out"
+    _sweep(out)
+    return out
+
+
+def _destination(case: str, tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    taken = tmp_path / "taken"
+    taken.write_text("keep me\n")
+    if case == "an existing file":
+        return taken
+    if case == "a path under a file":
+        return taken / "deploy"
+    if case == "a path in /proc":
+        return Path("/proc/specsweep-emit-test/deploy")
+    read_only: Path = request.getfixturevalue("read_only_disk")
+    return read_only / "deploy"
+
+
+@pytest.mark.parametrize(
+    "case", ["an existing file", "a path under a file", "a path in /proc", "a read-only file system"]
+)
+def test_best_emit_says_so_in_one_line_and_writes_nothing_when_the_destination_cannot_be_written(
+    case: str,
+    emit_results: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`best --emit DIR` where DIR cannot hold the files (a file, under a file, /proc, a read-only mount,
+    which stops root too) exits 2 with one line naming --emit and its fix, no traceback, and writes
+    nothing (it used to end in an OSError traceback)."""
+    dest = _destination(case, tmp_path, request)
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["best", str(emit_results), "--emit", str(dest), "--bootstrap", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2, err
+    assert err.startswith("specsweep best: error: --emit: cannot write the deployment files into ")
+    assert sorted(tmp_path.rglob("*")) == before
+    assert (tmp_path / "taken").read_text() == "keep me\n" and not Path("/proc/specsweep-emit-test").exists()
+
+
+def test_best_emit_removes_the_files_it_wrote_when_a_later_one_cannot_be_written(
+    emit_results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing half-written: when launch.sh cannot be written (a folder holds its name) after adaptive.json
+    was, adaptive.json is removed again and the error is one line naming launch.sh."""
+    dest = tmp_path / "deploy"
+    (dest / "launch.sh").mkdir(parents=True)
+    (dest / "launch.sh" / "keep").write_text("x")
+    assert main(["best", str(emit_results), "--emit", str(dest), "--bootstrap", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2 and "launch.sh" in err, err
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == ["launch.sh", "launch.sh/keep"]
