@@ -36,9 +36,10 @@ def check_one_size(
 
 
 class StrictModel(BaseModel):
-    """Base of every spec model: unknown keys and loose types are errors, instances are immutable."""
+    """Base of every spec model: unknown keys, loose types and non-finite numbers (YAML's ``.nan`` and
+    ``.inf``, which would reach the job payload as null) are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class CapacitySearch(StrictModel):
@@ -232,7 +233,7 @@ class LoadPlan(StrictModel):
 class LoadLevel(BaseModel):
     """One load level: closed loop (``concurrency``) or open loop (``rate_rps``), for a count or a time."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     concurrency: int | None = Field(default=None, ge=1, description="Closed loop: requests kept in flight.")
     rate_rps: float | None = Field(default=None, gt=0, description="Open loop: target requests per second.")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from specsweep.documents import load_json
 from specsweep.errors import ConversionError
 from workers.convert.safetensors_stream import (
     CHUNK_BYTES,
@@ -211,7 +212,7 @@ def open_checkpoint(root: Path, *, allow_pickle: bool) -> CheckpointSource:
 def read_json(path: Path, *, what: str) -> dict[str, Any]:
     """A JSON object from ``path``, or a ConversionError naming the file and what it should be."""
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_text())
     except FileNotFoundError as err:
         raise ConversionError(f"missing ({what})", where=str(path), fix=f"provide {what}") from err
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
