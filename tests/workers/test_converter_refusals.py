@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.cli import main
 from specsweep.errors import ConversionError
 from workers.convert.converter import ConvertOptions, convert
 from workers.convert.eagle3_format import LayerNaming, SourceFormat
@@ -353,3 +354,22 @@ def test_convert_refuses_when_dst_overlaps_src(tmp_path: Path) -> None:
         with pytest.raises(ConversionError, match="overlaps the source"):
             convert(src, dst, ConvertOptions(force=True))
     assert (src / "model.safetensors").is_file() and not (src / "converted").exists()
+
+
+@pytest.mark.parametrize("poison", ["9" * 5000, "[" * 100_000 + "]" * 100_000], ids=["5000_digits", "deep"])
+@pytest.mark.parametrize("victim", ["config.json", "model.safetensors.index.json", "target config.json"])
+def test_convert_names_the_file_in_one_line_when_a_json_file_holds_a_huge_integer_or_deep_nesting(
+    victim: str, poison: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An integer past Python's digit limit or nesting past the parser's depth in the draft's config, its
+    shard index or the target's config: `convert` exits 2 naming the file and its line, no traceback, no
+    DST."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS), tmp_path / "src", shards=2)
+    target = write_target_config(tmp_path / "target", TINY)
+    path = target / "config.json" if victim.startswith("target") else src / victim
+    path.write_text(path.read_text().rstrip().removesuffix("}") + ',\n"hostile": ' + poison + "}")
+    argv = ["convert", str(src), str(tmp_path / "out"), "--target-config", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{path}: is not valid JSON" in err and "line " in err
+    assert not (tmp_path / "out").exists()
