@@ -11,7 +11,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from analysis.slo import Slo
 from specsweep.error_classes import ErrorClass
@@ -365,6 +372,22 @@ class DrafterSpec(StrictModel):
         "EAGLE), sglang-mla (Eagle3DeepseekV2ForCausalLM, Kimi-K2.x; checked, passed through), or auto "
         "to detect it from the config and keys.",
     )
+    allow_external_shards: bool = Field(
+        default=False,
+        description="Convert even when a weight file (a shard index entry or a symlink) resolves outside "
+        "path (`specsweep convert --allow-external-shards`); by default such a checkpoint is refused, so "
+        "it cannot make the nodes read and copy files elsewhere. Hugging Face cache snapshots count as "
+        "inside. Left out of sweep and job ids while false.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_the_default_permission(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumps (and so sweep and job ids) omit the field while false: ids of sweeps that predate it
+        stay; a worker re-reading the job gets the default back."""
+        data: dict[str, Any] = handler(self)
+        if not self.allow_external_shards:
+            data.pop("allow_external_shards", None)
+        return data
 
 
 class JobSpec(BaseModel):
