@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from specsweep.documents import load_yaml, yaml_problem
 from specsweep.errors import SpecError
 from workers.job import (
     DrafterSpec,
@@ -289,6 +290,8 @@ def _describe(error: Any) -> str:
         return message
     if error["type"] == "string_type" and isinstance(error.get("input"), int | float | bool):
         message += f" (quote it: '{error['input']}')"
+    elif error["type"] == "finite_number":
+        message += f", not {error['input']!r} (NaN and infinities are refused)"
     elif error["type"] == "extra_forbidden":
         message = "unknown key (check the spelling against `specsweep schema`)"
     return f"{path}: {message}"
@@ -327,9 +330,11 @@ def load_spec(path: str | Path) -> tuple[SweepSpec, str]:
             fix="save the file as UTF-8",
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as err:
-        raise SpecError(f"not valid YAML: {err}", where=str(spec_path), fix="fix the YAML syntax") from None
+        raise SpecError(
+            f"not valid YAML: {yaml_problem(err)}", where=str(spec_path), fix="correct the YAML at that line"
+        ) from None
     return parse_spec(data, source=str(spec_path)), text
 
 

@@ -11,7 +11,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from analysis.slo import Slo
 from specsweep.error_classes import ErrorClass
@@ -36,9 +43,10 @@ def check_one_size(
 
 
 class StrictModel(BaseModel):
-    """Base of every spec model: unknown keys and loose types are errors, instances are immutable."""
+    """Base of every spec model: unknown keys, loose types and non-finite numbers (YAML's ``.nan`` and
+    ``.inf``, which would reach the job payload as null) are errors, instances are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class CapacitySearch(StrictModel):
@@ -232,7 +240,7 @@ class LoadPlan(StrictModel):
 class LoadLevel(BaseModel):
     """One load level: closed loop (``concurrency``) or open loop (``rate_rps``), for a count or a time."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     concurrency: int | None = Field(default=None, ge=1, description="Closed loop: requests kept in flight.")
     rate_rps: float | None = Field(default=None, gt=0, description="Open loop: target requests per second.")
@@ -364,6 +372,22 @@ class DrafterSpec(StrictModel):
         "EAGLE), sglang-mla (Eagle3DeepseekV2ForCausalLM, Kimi-K2.x; checked, passed through), or auto "
         "to detect it from the config and keys.",
     )
+    allow_external_shards: bool = Field(
+        default=False,
+        description="Convert even when a weight file (a shard index entry or a symlink) resolves outside "
+        "path (`specsweep convert --allow-external-shards`); by default such a checkpoint is refused, so "
+        "it cannot make the nodes read and copy files elsewhere. Hugging Face cache snapshots count as "
+        "inside. Left out of sweep and job ids while false.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_the_default_permission(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumps (and so sweep and job ids) omit the field while false: ids of sweeps that predate it
+        stay; a worker re-reading the job gets the default back."""
+        data: dict[str, Any] = handler(self)
+        if not self.allow_external_shards:
+            data.pop("allow_external_shards", None)
+        return data
 
 
 class JobSpec(BaseModel):

@@ -46,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="read .bin/.pt weights (pickle; loaded with torch weights_only=True)",
     )
+    parser.add_argument(
+        "--allow-external-shards",
+        action="store_true",
+        help="read weight files (index entries, symlinks) that resolve outside SRC",
+    )
     parser.add_argument("--force", action="store_true", help="replace a DST that holds something else")
     parser.add_argument("--json", action="store_true", help="print the conversion report as JSON")
 
@@ -57,6 +62,7 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
         layout=LayerNaming(args.layout),
         sglang_version=args.sglang_version,
         allow_pickle=args.allow_pickle,
+        allow_external_shards=args.allow_external_shards,
         force=args.force,
     )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.cli import main
 from specsweep.errors import ConversionError
 from workers.convert.converter import ConvertOptions, convert
 from workers.convert.eagle3_format import LayerNaming, SourceFormat
@@ -353,3 +354,91 @@ def test_convert_refuses_when_dst_overlaps_src(tmp_path: Path) -> None:
         with pytest.raises(ConversionError, match="overlaps the source"):
             convert(src, dst, ConvertOptions(force=True))
     assert (src / "model.safetensors").is_file() and not (src / "converted").exists()
+
+
+@pytest.mark.parametrize("poison", ["9" * 5000, "[" * 100_000 + "]" * 100_000], ids=["5000_digits", "deep"])
+@pytest.mark.parametrize("victim", ["config.json", "model.safetensors.index.json", "target config.json"])
+def test_convert_names_the_file_in_one_line_when_a_json_file_holds_a_huge_integer_or_deep_nesting(
+    victim: str, poison: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An integer past Python's digit limit or nesting past the parser's depth in the draft's config, its
+    shard index or the target's config: `convert` exits 2 naming the file and its line, no traceback, no
+    DST."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS), tmp_path / "src", shards=2)
+    target = write_target_config(tmp_path / "target", TINY)
+    path = target / "config.json" if victim.startswith("target") else src / victim
+    path.write_text(path.read_text().rstrip().removesuffix("}") + ',\n"hostile": ' + poison + "}")
+    argv = ["convert", str(src), str(tmp_path / "out"), "--target-config", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{path}: is not valid JSON" in err and "line " in err
+    assert not (tmp_path / "out").exists()
+
+
+def _shard_outside(tmp_path: Path, how: str) -> tuple[Path, Path]:
+    """A two-shard checkpoint whose first shard lives in ``tmp_path/elsewhere``, reached through an index
+    entry ("../elsewhere/...") or a symlink in place; returns (checkpoint dir, the outside file)."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS), tmp_path / "src", shards=2)
+    shard = src / "model-00001-of-00002.safetensors"
+    outside = tmp_path / "elsewhere" / shard.name
+    outside.parent.mkdir()
+    shard.rename(outside)
+    if how == "symlink":
+        shard.symlink_to(outside)
+    else:
+        index = src / "model.safetensors.index.json"
+        data = json.loads(index.read_text())
+        data["weight_map"] = {
+            k: f"../elsewhere/{v}" if v == shard.name else v for k, v in data["weight_map"].items()
+        }
+        index.write_text(json.dumps(data))
+    return src, outside
+
+
+@pytest.mark.parametrize("how", ["index_entry", "symlink"])
+def test_convert_refuses_a_shard_outside_the_checkpoint_unless_allowed_when_index_or_link_points_out(
+    how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A weight file that resolves outside SRC (an index entry with ../, a symlinked shard) is refused in
+    one line naming where it resolves, before it is read and with no DST; --allow-external-shards reads
+    it, and a sweep's drafter.allow_external_shards reaches the node's conversion."""
+    src, outside = _shard_outside(tmp_path, how)
+    out = tmp_path / "out"
+    assert main(["convert", str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"resolves to {outside}, outside the checkpoint directory" in err
+    assert "--allow-external-shards" in err and not out.exists()
+    assert main(["convert", str(src), str(out), "--allow-external-shards"]) == 0
+    assert (out / "conversion.json").is_file()
+
+
+def test_converted_drafter_follows_the_spec_when_a_shard_is_outside_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's conversion (planner and node worker) refuses an outside shard unless the spec's
+    drafter.allow_external_shards says yes."""
+    from workers.convert.cache import converted_drafter
+    from workers.job import DrafterSpec
+
+    src, _ = _shard_outside(tmp_path, "symlink")
+    monkeypatch.setenv("SPECSWEEP_DRAFTER_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConversionError, match="outside the checkpoint directory"):
+        converted_drafter(DrafterSpec(path=str(src)), "/nonexistent/target")
+    allowed = DrafterSpec(path=str(src), allow_external_shards=True)
+    assert (converted_drafter(allowed, "/nonexistent/target") / "conversion.json").is_file()
+
+
+def test_convert_reads_a_hugging_face_cache_snapshot_when_its_files_link_into_blobs(tmp_path: Path) -> None:
+    """In the Hub cache, snapshots/<rev>/<file> are symlinks into the repo's blobs/: that is inside, no
+    flag needed."""
+    repo = tmp_path / "models--org--drafter"
+    built = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS), tmp_path / "built", shards=2)
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for number, file in enumerate(sorted(built.iterdir())):
+        blob = repo / "blobs" / f"blob{number}"
+        file.rename(blob)
+        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    convert(snapshot, tmp_path / "out")
+    assert (tmp_path / "out" / "conversion.json").is_file()

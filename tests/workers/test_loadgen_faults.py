@@ -20,6 +20,7 @@ import pytest
 from tests.workers.wire_server import PACE_S, STREAMS, WireServer
 from workers.job import LoadLevel
 from workers.load.generator import run_load
+from workers.load.stream import INVALID_RESPONSE
 from workers.load.workloads import RandomIdsWorkload
 from workers.node.launcher import start_sim
 
@@ -55,6 +56,19 @@ def test_run_load_records_error_rows_when_server_misbehaves(
         assert (record.error_type, record.http_status) == (error_type, status)
         assert message in (record.error_message or "")
         assert record.end_ns is not None and record.end_ns >= record.start_ns
+
+
+def test_run_load_ends_a_request_as_invalid_response_when_a_line_never_ends(wire: WireServer) -> None:
+    """A server streaming a 100 MB data line: each request becomes an invalid_response row naming the
+    16 MiB bound once that much is held (dc0ce9c re-joined the held bytes on every read, quadratic: it
+    buffered the whole line for about 90 s, then called it malformed_sse); the token before it is kept."""
+    level = LoadLevel(concurrency=1, requests=2, request_timeout_s=60.0)
+    result = run_load(wire.url("huge_line"), level, WORKLOAD, calibration_streams=1)
+    assert len(result.records) == 2
+    for record in result.records:
+        assert (record.error_type, record.http_status) == (INVALID_RESPONSE, 200)
+        assert "an event of more than 16 MiB without its end" in (record.error_message or "")
+        assert record.completion_tokens == 1
 
 
 def test_run_load_keeps_tokens_seen_when_stream_is_cut_mid_way(wire: WireServer) -> None:

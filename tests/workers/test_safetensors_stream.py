@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,26 @@ def test_read_header_refuses_when_file_has_trailing_bytes(tmp_path: Path) -> Non
     path.write_bytes(header + bytes(4) + b"junk")
     with pytest.raises(ConversionError, match="4 unexpected bytes after the last tensor"):
         read_header(path)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"w": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}',
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ids=["5000_digits", "deep_nesting"],
+)
+def test_read_header_refuses_as_damaged_when_header_holds_a_huge_integer_or_deep_nesting(
+    header: bytes, tmp_path: Path
+) -> None:
+    """A header JSON with an integer past Python's digit limit or nesting past the parser's depth is a
+    damaged file (ConversionError naming it), not a ValueError or RecursionError traceback."""
+    path = tmp_path / "hostile.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
+    with pytest.raises(ConversionError, match="header is not valid JSON") as caught:
+        read_header(path)
+    assert str(path) in str(caught.value)
 
 
 def test_iter_mapped_yields_exact_bytes_when_range_is_unaligned_and_spans_windows(tmp_path: Path) -> None:

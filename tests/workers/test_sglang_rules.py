@@ -674,6 +674,26 @@ def test_read_model_config_is_none_when_not_a_readable_config_dir(tmp_path: Path
     assert [read_model_config(p) for p in (None, "", str(tmp_path), str(tmp_path / "missing"))] == [None] * 4
 
 
+@pytest.mark.parametrize("poison", ["9" * 5000, "[" * 100_000 + "]" * 100_000], ids=["5000_digits", "deep"])
+def test_rules_treat_a_config_as_unreadable_when_it_holds_a_huge_integer_or_deep_nesting(
+    poison: str, tmp_path: Path
+) -> None:
+    """A target config.json or adaptive config that Python's parser cannot hold (an integer past its digit
+    limit, nesting past its depth) is unreadable like malformed JSON: the target's rules are skipped with a
+    warning and the adaptive config is refused naming its line; no ValueError or RecursionError escapes."""
+    (tmp_path / "config.json").write_text('{"hostile": ' + poison + "}")
+    adaptive = tmp_path / "adaptive.json"
+    adaptive.write_text('{"1": {"candidate_steps": [1, ' + poison + "]}}")
+    argv = ["--model-path", str(tmp_path), "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", "/models/drafter", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-adaptive",
+            "--speculative-adaptive-config", str(adaptive)]  # fmt: skip
+    res = builtin_resolve(parse_launch_args(argv))
+    assert [w.code for w in res.warnings] == ["target_config_unreadable"]
+    assert [e.code for e in res.errors] == ["adaptive_config"]
+    assert f"{adaptive}: " in res.errors[0].message and "line 1 column" in res.errors[0].message
+
+
 def test_unreadable_target_is_a_warning_and_dummy_is_not_when_model_path_has_no_config() -> None:
     """A real path without config.json names the path and the fix; SGLang's ``dummy`` model is silent;
     target_config_dir stands in for a path that exists only on the GPU nodes."""

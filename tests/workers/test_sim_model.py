@@ -202,6 +202,20 @@ def test_load_profile_names_the_field_when_value_is_bad(tmp_path):
     assert "accept_frist" in str(err.value) and "accept_decay" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("profile.json", "[" * 100_000 + "]" * 100_000), ("profile.yaml", "name: x\nseed: " + "[" * 5000)],
+    ids=["json_deep", "yaml_deep"],
+)
+def test_load_profile_names_the_file_when_it_nests_too_deep(tmp_path, name, text):
+    """A profile nested past the parser's depth is a SimSettingsError naming the file, not a RecursionError."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(SimSettingsError, match="nested") as err:
+        load_profile(path)
+    assert str(path) in str(err.value)
+
+
 def test_settings_from_env_reads_knobs_and_rejects_unknown_fault():
     """Environment knobs become typed settings; an unknown fault lists the valid ones."""
     settings = settings_from_env(

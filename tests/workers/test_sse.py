@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.load.sse import SSEDecoder, SSEFormatError, int_field
+from workers.load.sse import MAX_EVENT_BYTES, SSEDecoder, SSEEventTooLargeError, SSEFormatError, int_field
 from workers.load.stream import ReplyStream, ResponseStream, StreamError
 from workers.sglang import api
 
@@ -67,6 +67,31 @@ def test_decoder_raises_when_bytes_are_not_sse() -> None:
     """An HTML error page (a proxy's) is reported as not SSE, not silently skipped."""
     with pytest.raises(SSEFormatError, match="not a server-sent event line"):
         _events(b"<html><body>502 Bad Gateway</body></html>\n\n", [])
+
+
+def test_decoder_gives_same_events_when_long_multiline_events_with_crlf_come_in_many_reads() -> None:
+    """Events longer than the held-in-place threshold (200 KiB, several data lines, CRLF line ends) give
+    the same events and first-byte stamps cut into 997-byte reads as whole, whichever byte a cut splits."""
+    line = b"data: " + b"y" * 100_000
+    raw = b"event: big\r\n" + line + b"\r\n" + line + b"\r\n\r\n" + b"data: [DONE]\r\n\r\n"
+    for offset in range(4):  # move the cuts over the CR/LF pairs
+        cuts = list(range(997 - offset, len(raw), 997))
+        events = _events(raw, cuts)
+        assert [(e.event, e.data) for e in events] == [(e.event, e.data) for e in _events(raw, [])]
+        assert events[0].data == line[6:] + b"\n" + line[6:] and events[0].first_byte_ns == 0
+
+
+def test_decoder_refuses_an_event_when_it_grows_past_the_bound_without_an_end() -> None:
+    """A line that never ends is refused once MAX_EVENT_BYTES are held: the decoder does not keep
+    buffering (a server streaming 100 MB of one line costs a bounded amount of memory)."""
+    decoder = SSEDecoder()
+    decoder.feed(b"data: ", 0)
+    piece, fed = b"z" * 65536, 6
+    with pytest.raises(SSEEventTooLargeError, match="more than 16 MiB without its end"):
+        while fed <= 2 * MAX_EVENT_BYTES:
+            fed += len(piece)
+            decoder.feed(piece, 1)
+    assert MAX_EVENT_BYTES < fed <= MAX_EVENT_BYTES + len(piece)
 
 
 def test_decoder_reports_partial_event_when_stream_is_cut_mid_event() -> None:

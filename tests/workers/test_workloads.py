@@ -134,6 +134,31 @@ def test_prompt_set_names_the_problem_when_file_or_mix_is_unusable(tmp_path: Pat
         PromptSetWorkload(path=str(path), mix={"code": 0.0}, max_tokens=8)
 
 
+GOOD_LINE = '{"question": "hi", "category": "chat"}\n'
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("set.jsonl", GOOD_LINE + '{"question": "hi", "id": ' + "9" * 5000 + "}\n", "set.jsonl:2"),
+        ("set.jsonl", GOOD_LINE + DEEP + "\n", "set.jsonl:2"),
+        ("set.json", "\n" + DEEP, "set.json:2"),
+    ],
+    ids=["jsonl_5000_digits", "jsonl_deep", "json_deep"],
+)
+def test_prompt_set_names_file_and_line_when_json_holds_a_huge_integer_or_deep_nesting(
+    name: str, text: str, where: str, tmp_path: Path
+) -> None:
+    """A 5000-digit integer or nesting past the parser's depth in a prompt file is a WorkloadError naming
+    the file and line (a node reports prompts_unreadable), not a ValueError or RecursionError."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(WorkloadError, match="not JSON") as err:
+        PromptSetWorkload(path=str(path), columns=COLUMNS, max_tokens=8).prompts()
+    assert str(err.value).startswith(str(tmp_path / where) + ": ")
+
+
 def test_random_ids_requests_are_categorised_as_random_ids_when_built() -> None:
     """Random token ids carry the random_ids category (a stress shape), no dataset and no turn."""
     request = RandomIdsWorkload(input_tokens=4, output_tokens=4).request(0)

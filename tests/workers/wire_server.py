@@ -5,7 +5,7 @@ Not a mock of our code: it is a wire fixture. The first path segment picks the b
 behaviour writes a fixed byte sequence: a recorded SGLang stream (at once, or paced one event per
 chunk), a stream reset mid-way, a stream
 that ends without ``[DONE]``, a page that is not SSE, a stream that stalls, a cache flush refused while
-busy and then accepted.
+busy and then accepted, a data line of ``HUGE_LINE_BYTES`` that a client must not buffer whole.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ PACED = {
 PACE_S = 0.05
 # "busy_flush": /flush_cache answers 400 this many times (as SGLang does while requests run), then 200.
 BUSY_FLUSHES = 2
+# "huge_line": after one chunk, a data line this long (sent 1 MiB per HTTP chunk), then its end and [DONE].
+HUGE_LINE_BYTES = 100 << 20
 
 
 def _chunked(body: bytes) -> bytes:
@@ -110,6 +112,13 @@ async def _handle(
                 writer.write(
                     _HEAD + _chunked(_FIRST_CHUNK + b"data: {not json}\n\ndata: [DONE]\n\n") + b"0\r\n\r\n"
                 )
+            elif mode == "huge_line":
+                writer.write(_HEAD + _chunked(_FIRST_CHUNK + b'data: {"text":"'))
+                piece = _chunked(b"x" * (1 << 20))
+                for _ in range(HUGE_LINE_BYTES >> 20):
+                    writer.write(piece)
+                    await writer.drain()
+                writer.write(_chunked(b'"}\n\ndata: [DONE]\n\n') + b"0\r\n\r\n")
             elif mode == "stall":
                 writer.write(_HEAD + _chunked(_FIRST_CHUNK))
                 await writer.drain()

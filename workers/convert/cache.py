@@ -27,5 +27,6 @@ def converted_drafter(drafter: DrafterSpec, model_path: str) -> Path:
     options = ConvertOptions(
         source_format=None if drafter.format == "auto" else SourceFormat(drafter.format),
         target_config=target if (target / "config.json").is_file() else None,
+        allow_external_shards=drafter.allow_external_shards,
     )
     return convert_cached(drafter.path, drafter_cache_dir(), options).path

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from specsweep.documents import load_json
 from specsweep.errors import ConversionError
 from workers.convert.safetensors_stream import (
     CHUNK_BYTES,
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+HUB_SNAPSHOTS, HUB_BLOBS = "snapshots", "blobs"  # Hugging Face cache: snapshots/<rev>/<file> -> ../../blobs/
 # torch dtype name -> safetensors dtype name, for pickled checkpoints.
 _TORCH_DTYPES = {
     "torch.bfloat16": "BF16",
@@ -198,20 +200,24 @@ def _torch_uint8() -> Any:
     return torch.uint8
 
 
-def open_checkpoint(root: Path, *, allow_pickle: bool) -> CheckpointSource:
-    """Read ``root``'s config and weight-file headers; refuse what cannot be read safely."""
+def open_checkpoint(
+    root: Path, *, allow_pickle: bool, allow_external_shards: bool = False
+) -> CheckpointSource:
+    """Read ``root``'s config and weight-file headers; refuse what cannot be read safely, including a
+    weight file that resolves outside ``root`` unless ``allow_external_shards``."""
     if not root.is_dir():
         raise ConversionError(
             "is not a directory", where=str(root), fix="pass the draft checkpoint directory as SRC"
         )
     config = read_json(root / CONFIG_FILE, what="the draft's config")
-    return CheckpointSource(root, config, _weight_files(root, allow_pickle=allow_pickle))
+    files = _weight_files(root, allow_pickle=allow_pickle, allow_external=allow_external_shards)
+    return CheckpointSource(root, config, files)
 
 
 def read_json(path: Path, *, what: str) -> dict[str, Any]:
     """A JSON object from ``path``, or a ConversionError naming the file and what it should be."""
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_text())
     except FileNotFoundError as err:
         raise ConversionError(f"missing ({what})", where=str(path), fix=f"provide {what}") from err
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -221,12 +227,13 @@ def read_json(path: Path, *, what: str) -> dict[str, Any]:
     return data
 
 
-def _weight_files(root: Path, *, allow_pickle: bool) -> list[WeightFile]:
+def _weight_files(root: Path, *, allow_pickle: bool, allow_external: bool) -> list[WeightFile]:
     index = root / SAFETENSORS_INDEX
     if index.exists():
-        return _indexed_shards(root, index)
+        return _indexed_shards(root, index, allow_external=allow_external)
     singles = sorted(root.glob("*.safetensors"))
     if len(singles) == 1:
+        _check_contained(root, singles[0], allow_external=allow_external)
         return [WeightFile(singles[0], read_header(singles[0]))]
     if len(singles) > 1:
         raise ConversionError(
@@ -247,15 +254,38 @@ def _weight_files(root: Path, *, allow_pickle: bool) -> list[WeightFile]:
             where=str(root),
             fix="pass --allow-pickle if you trust the source (loaded with weights_only=True)",
         )
+    for path in pickles:
+        _check_contained(root, path, allow_external=allow_external)
     return [WeightFile(path, None) for path in pickles]
 
 
-def _indexed_shards(root: Path, index: Path) -> list[WeightFile]:
+def _check_contained(root: Path, path: Path, *, allow_external: bool) -> None:
+    """Refuse, before reading it, a weight file (an index entry, or a symlink) that resolves outside the
+    checkpoint: a checkpoint must not make the converter read, and copy into its output, a file elsewhere
+    on the node. In the Hugging Face cache a snapshot's files link into the repo's ``blobs/``: inside."""
+    if allow_external:
+        return
+    resolved, inside = path.resolve(), root.resolve()
+    if root.parent.name == HUB_SNAPSHOTS:
+        blobs = (root.parent.parent / HUB_BLOBS).resolve()
+        if resolved.is_relative_to(blobs):
+            return
+    if not resolved.is_relative_to(inside):
+        raise ConversionError(
+            f"weight file {path} resolves to {resolved}, outside the checkpoint directory",
+            where=str(root),
+            fix="copy the shard into the checkpoint directory, or pass --allow-external-shards "
+            "(drafter.allow_external_shards in a sweep) if you trust where it points",
+        )
+
+
+def _indexed_shards(root: Path, index: Path, *, allow_external: bool) -> list[WeightFile]:
     weight_map = read_json(index, what="the shard index").get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ConversionError("has no weight_map", where=str(index), fix="restore the original index file")
     shards = sorted({root / name for name in weight_map.values()})
     for shard in shards:
+        _check_contained(root, shard, allow_external=allow_external)
         if not shard.is_file():
             raise ConversionError(
                 f"names shard {shard.name}, which is missing", where=str(index), fix="copy the missing shard"

@@ -100,6 +100,7 @@ class ConvertOptions:
     layout: LayerNaming = LayerNaming.MIDLAYER
     sglang_version: str = SGLANG_VERSION
     allow_pickle: bool = False
+    allow_external_shards: bool = False  # read weight files that resolve outside the checkpoint directory
     force: bool = False
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
 
@@ -122,7 +123,9 @@ def convert(src: Path | str, dst: Path | str, options: ConvertOptions | None = N
         )
     target_digest = _target_digest(options)
     if dst.exists() or dst.is_symlink():
-        digest = source_digest(src, allow_pickle=options.allow_pickle)
+        digest = source_digest(
+            src, allow_pickle=options.allow_pickle, allow_external_shards=options.allow_external_shards
+        )
         done = _reusable(dst, digest, target_digest, options)
         if done is not None:
             log.info("%s already holds this conversion of %s; nothing to do", dst, src)
@@ -148,7 +151,9 @@ def convert_cached(
     options = options or ConvertOptions()
     src, cache_dir = Path(src).absolute(), Path(cache_dir).absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    digest = source_digest(src, allow_pickle=options.allow_pickle)
+    digest = source_digest(
+        src, allow_pickle=options.allow_pickle, allow_external_shards=options.allow_external_shards
+    )
     target_digest = _target_digest(options)
     key = xxhash.xxh3_128(
         json.dumps(
@@ -174,9 +179,11 @@ def convert_cached(
 # -- source identity ------------------------------------------------------------------------------
 
 
-def source_digest(src: Path, *, allow_pickle: bool) -> str:
+def source_digest(src: Path, *, allow_pickle: bool, allow_external_shards: bool = False) -> str:
     """The content hash of a source checkpoint (config and weight files), as a conversion records it."""
-    with open_checkpoint(src, allow_pickle=allow_pickle) as source:
+    with open_checkpoint(
+        src, allow_pickle=allow_pickle, allow_external_shards=allow_external_shards
+    ) as source:
         return _digest_of_files(_hash_files(source, _hash_tensors(source)))
 
 
@@ -635,7 +642,9 @@ def _convert_fresh(
         raise ConversionError(
             "parent directory does not exist", where=str(dst), fix="create it or choose another DST"
         )
-    with open_checkpoint(src, allow_pickle=options.allow_pickle) as source:
+    with open_checkpoint(
+        src, allow_pickle=options.allow_pickle, allow_external_shards=options.allow_external_shards
+    ) as source:
         plan = plan_conversion(source, options, target)
         _remove_stale_temps(dst)
         with _temp_dir(dst) as tmp:

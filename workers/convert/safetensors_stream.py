@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from specsweep.documents import load_json
 from specsweep.errors import ConversionError
 
 # Bytes per element of each safetensors dtype (the spec's names).
@@ -101,7 +102,7 @@ def read_header(path: Path) -> SafetensorsHeader:
             raise _corrupt(path, f"header length {header_len} does not fit a file of {file_size} bytes")
         raw = f.read(header_len)
     try:
-        header = json.loads(raw)
+        header = load_json(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _corrupt(path, f"header is not valid JSON ({err})") from err
     if not isinstance(header, dict):

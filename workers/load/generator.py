@@ -51,8 +51,8 @@ from workers.job import LoadLevel
 from workers.load.calibration import ClientDelay, LoopbackServer, loopback_body
 from workers.load.sequential import precise_enough
 from workers.load.socket_stamps import StampedBody, StampingConnector
-from workers.load.sse import SSEDecoder, SSEFormatError
-from workers.load.stream import FinalStats, ReplyStream, ResponseStream, StreamError
+from workers.load.sse import SSEDecoder, SSEEventTooLargeError, SSEFormatError
+from workers.load.stream import INVALID_RESPONSE, FinalStats, ReplyStream, ResponseStream, StreamError
 from workers.load.workloads import PreparedRequest, Workload, request_stream
 from workers.sglang import api
 
@@ -214,6 +214,8 @@ async def _send(
             "connection_reset",
             f"connection lost mid-stream after {stream.completion_tokens} tokens: {type(err).__name__}: {err}",
         )
+    except SSEEventTooLargeError as err:  # a line without end: no reply can be that, refuse it now
+        error = (INVALID_RESPONSE, str(err))
     except SSEFormatError as err:
         error = ("malformed_sse", str(err))
     except StreamError as err:  # a chunk that cannot be true (invalid_response)

@@ -30,7 +30,7 @@ _CARD_FILES = ("README.md", ".huggingface.yaml")  # where a dataset repo declare
 class HubDataset(BaseModel):
     """A dataset on the Hugging Face Hub (or a mirrored copy of one) and the split to read."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     id: str | None = Field(
         default=None,

@@ -16,10 +16,21 @@ _DATA_PREFIX = b"data: "
 _TAIL_BYTES = 512
 _INT_VALUE = re.compile(rb"\s*:\s*(-?\d+)(?![\d.eE])")  # what follows a key whose value is an integer
 _IGNORED_FIELDS = frozenset((b"id", b"retry"))
+# Most bytes one unfinished event may hold: a server that streams a line without end (100 MB of one
+# chunk) is refused here instead of being buffered until the request times out. SGLang's largest events,
+# a final chunk with logprobs of a long output, are a few MiB.
+MAX_EVENT_BYTES = 16 << 20
+# An unfinished event this long is appended to in place and searched only where each read added bytes;
+# below it, re-joining it with the next read (as events split across two reads are) is cheaper.
+_LONG_EVENT_BYTES = 64 << 10
 
 
 class SSEFormatError(ValueError):
     """Bytes that are not a server-sent event stream (a line that is no SSE field, e.g. an HTML page)."""
+
+
+class SSEEventTooLargeError(ValueError):
+    """An event still unfinished past ``MAX_EVENT_BYTES``: the server sends something no reply can be."""
 
 
 class SSEEvent(NamedTuple):
@@ -39,13 +50,16 @@ class SSEDecoder:
     Follows the SSE framing rules (blank line ends an event; ``\\n``, ``\\r\\n`` and ``\\r`` line ends;
     ``:`` comments; ``data``/``event``/``id``/``retry`` fields; one space after the colon dropped).
     Unlike a browser it refuses lines that are no field, so a proxy's error page is reported, not
-    silently skipped.
+    silently skipped. Linear in the bytes fed: an unfinished event is appended to, and searched for its
+    end only in what each read added; one past ``MAX_EVENT_BYTES`` raises ``SSEEventTooLargeError``.
     """
 
     __slots__ = ("_buffer", "_buffer_first_ns")
 
     def __init__(self) -> None:
-        self._buffer = b""
+        # An unfinished event: no blank line in it, line ends normalised except a held trailing "\r";
+        # a bytearray once it is long (``_extend``).
+        self._buffer: bytes | bytearray = b""
         self._buffer_first_ns = 0
 
     @property
@@ -63,14 +77,21 @@ class SSEDecoder:
             and b"\r" not in data
         ):
             return [SSEEvent(arrival_ns, data[6:-2])]
+        buffer: bytes
         if self._buffer:
-            buffer = self._buffer + data
+            if len(self._buffer) < _LONG_EVENT_BYTES:
+                buffer = self._buffer + data  # type: ignore[assignment]  # short: bytes, not a bytearray
+                if b"\r" in buffer:
+                    buffer = _normalise_line_ends(buffer)
+            else:
+                ended = self._extend(data)
+                if ended is None:
+                    return []
+                buffer = ended
             first_ns = self._buffer_first_ns
         else:
-            buffer = data
+            buffer = _normalise_line_ends(data) if b"\r" in data else data
             first_ns = arrival_ns
-        if b"\r" in buffer:
-            buffer = _normalise_line_ends(buffer)
         events: list[SSEEvent] = []
         start = 0
         last = len(buffer) - 1
@@ -88,9 +109,37 @@ class SSEDecoder:
                     events.append(event)
             start = end + 2
             first_ns = arrival_ns  # whatever follows began in this read
-        self._buffer = buffer[start:]
+        rest = buffer[start:]
+        if len(rest) > MAX_EVENT_BYTES:
+            raise _too_large(rest)
+        self._buffer = rest
         self._buffer_first_ns = first_ns
         return events
+
+    def _extend(self, data: bytes) -> bytes | None:
+        """Append ``data`` to a long unfinished event: its bytes when it ended in this read, else None."""
+        held = self._buffer
+        if not isinstance(held, bytearray):
+            held = self._buffer = bytearray(held)
+        if held[-1] == 13:  # a held "\r": its "\n" may begin this read
+            del held[-1]
+            data = b"\r" + data
+        if b"\r" in data:
+            data = _normalise_line_ends(data)
+        scan_from = len(held) - 1  # what was held has no blank line; one may straddle the join
+        held += data
+        if held.find(b"\n\n", scan_from) >= 0:
+            return bytes(held)
+        if len(held) > MAX_EVENT_BYTES:
+            raise _too_large(held)
+        return None
+
+
+def _too_large(unfinished: bytes | bytearray) -> SSEEventTooLargeError:
+    return SSEEventTooLargeError(
+        f"an event of more than {MAX_EVENT_BYTES >> 20} MiB without its end ({len(unfinished)} bytes "
+        f"held, starting {bytes(unfinished[:60])!r})"
+    )
 
 
 def _normalise_line_ends(buffer: bytes) -> bytes:

@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specsweep.documents import load_json
 from specsweep.errors import WorkloadError
 from workers.load.hub_datasets import HubDataset, HubDefaults, hub_data_files
 from workers.sglang import api
@@ -46,7 +47,9 @@ class PreparedRequest:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Non-finite numbers are refused like unknown keys: a NaN mix weight passes every `w < 0` check and
+    # reaches the job payload as null.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RandomIdsWorkload(_Strict):
@@ -403,11 +406,11 @@ def _json_array_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     under a .json name (as many Hub dataset repos store them)."""
     text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(text)
+        data = load_json(text)
     except json.JSONDecodeError as err:
         if err.msg == "Extra data":  # more than one document: JSON Lines
             return _json_lines(text, path)
-        raise WorkloadError(f"not JSON: {err.msg}", where=str(path), fix=_FIX_FILE) from None
+        raise WorkloadError(f"not JSON: {err.msg}", where=f"{path}:{err.lineno}", fix=_FIX_FILE) from None
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
         raise WorkloadError(
             "a .json prompt file must hold an array of objects", where=str(path), fix=_FIX_FILE
@@ -426,7 +429,7 @@ def _json_lines(text: str, path: Path) -> Iterator[tuple[dict[str, Any], str]]:
 
 def _json_row(line: str, where: str) -> dict[str, Any]:
     try:
-        obj = json.loads(line)
+        obj = load_json(line)
     except json.JSONDecodeError as err:
         raise WorkloadError(f"not JSON: {err.msg}", where=where, fix="one JSON object per line") from None
     if not isinstance(obj, dict):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specsweep.documents import load_json
 from workers.sglang import api
 from workers.sglang.flags import LaunchArgs
 
@@ -161,7 +162,7 @@ def read_model_config(path: str | None) -> dict[str, Any] | None:
     if not config.is_file():
         return None
     try:
-        data: dict[str, Any] | None = json.loads(config.read_text())
+        data: dict[str, Any] | None = load_json(config.read_text())
         return data
     except (OSError, json.JSONDecodeError):
         return None
@@ -412,7 +413,7 @@ def check_adaptive(res: Resolution) -> None:
     config: Any = None
     if path is not None:
         try:
-            config = json.loads(Path(path).read_text())
+            config = load_json(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as err:
             res.fail(
                 "adaptive_config", f"--speculative-adaptive-config {path}: {err}", "give a readable JSON file"

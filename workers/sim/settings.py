@@ -25,7 +25,6 @@ SGLang's own ``SGLANG_HEALTH_CHECK_TIMEOUT`` (seconds, default 20) is honoured b
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from enum import StrEnum
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from specsweep.documents import load_json, load_yaml, yaml_problem
 from specsweep.errors import SpecsweepError
 from workers.sim.model import DEFAULT_PROFILE, SimProfile
 
@@ -117,13 +117,13 @@ def load_profile(path: Path) -> SimProfile:
 def _parse_profile_text(text: str, *, yaml_syntax: bool) -> object:
     """JSON or YAML text to data; every syntax error comes out as ValueError."""
     if not yaml_syntax:
-        return json.loads(text)
+        return load_json(text)
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
-        raise ValueError(str(exc)) from exc
+        raise ValueError(yaml_problem(exc)) from exc
 
 
 def _switch(raw: str) -> bool:
