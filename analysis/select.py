@@ -356,8 +356,8 @@ def _superseded_jobs(con: duckdb.DuckDBPyConnection, out: ResultStore, notes: li
     if superseded:
         kinds = sorted({k for stale in superseded.values() for k in stale})
         notes.append(
-            f"{len(superseded)} job(s) measured on earlier inputs ({', '.join(kinds)} changed since, "
-            "accepted with --accept-changed-inputs): not ranked"
+            f"{len(superseded)} job(s) measured on other inputs than the sweep's current ones "
+            f"({', '.join(kinds)} differ; see jobs.input_digests): not ranked"
         )
     return set(superseded)
 

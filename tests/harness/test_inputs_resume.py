@@ -155,7 +155,9 @@ def test_resume_refuses_then_measures_new_job_ids_when_prompt_file_edited_in_pla
     (level,) = selection.levels
     assert {r.config_label: r.repeats for r in level.ranked} == {"baseline": 2, "chain d=3": 2}
     assert {job for r in level.ranked for job in r.job_ids} == new_ids
-    assert any("measured on earlier inputs (prompts" in note for note in selection.notes), selection.notes
+    assert any("than the sweep's current ones (prompts differ" in note for note in selection.notes), (
+        selection.notes
+    )
 
     # Where the sweep row does not say which inputs are current (an input changed where only the nodes
     # see it), the jobs' own digests still differ: `best` refuses to rank them together.
