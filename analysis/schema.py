@@ -312,6 +312,8 @@ class JobRecord:
     startup_s: float | None
     server_metrics_off: str | None  # why no server_metrics rows were sampled; null when they were
     gpu_metrics_off: str | None  # why no gpu_metrics rows were sampled; null when they were
+    # JSON object: input kind (prompts, drafter, target, engine) -> content digest the attempt ran with
+    input_digests: str | None = None
 
 
 JOBS_SCHEMA = pa.schema(
@@ -348,6 +350,7 @@ JOBS_SCHEMA = pa.schema(
         pa.field("startup_s", pa.float64()),
         pa.field("server_metrics_off", pa.string()),
         pa.field("gpu_metrics_off", pa.string()),
+        pa.field("input_digests", pa.string()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "jobs"},
 )
@@ -419,6 +422,8 @@ class SweepRecord:
     client_delay_p50_us: float | None
     client_delay_p99_us: float | None
     created_unix_ns: int
+    # JSON object: input kind -> content digest of the sweep's current inputs (as the driver saw them)
+    input_digests: str | None = None
 
 
 SWEEP_SCHEMA = pa.schema(
@@ -432,6 +437,7 @@ SWEEP_SCHEMA = pa.schema(
         pa.field("client_delay_p50_us", pa.float64()),
         pa.field("client_delay_p99_us", pa.float64()),
         pa.field("created_unix_ns", pa.int64(), nullable=False),
+        pa.field("input_digests", pa.string()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "sweep"},
 )

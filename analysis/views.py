@@ -474,7 +474,11 @@ def _has_files(glob: str) -> bool:
 
 def _read_parquet(glob: str) -> str:
     escaped = glob.replace("'", "''")
-    return f"read_parquet('{escaped}', hive_partitioning = true, hive_types_autocast = false)"
+    # union_by_name: files written before a column existed read it as null (e.g. jobs.input_digests)
+    return (
+        f"read_parquet('{escaped}', hive_partitioning = true, hive_types_autocast = false, "
+        "union_by_name = true)"
+    )
 
 
 def _register_table(

@@ -33,10 +33,11 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from harness import inputs as sweep_inputs
 from harness.confirm import confirmation_job_id, plan_confirmation
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
-from harness.queue import JobQueue, Lease
+from harness.queue import QUEUE_FILE, JobQueue, Lease, open_read_only, read_meta, readable_queue
 from harness.reaper import Reaper
 from harness.results import (
     Output,
@@ -55,6 +56,7 @@ from specsweep.error_classes import ErrorClass
 from specsweep.errors import ClusterError, StoreError, disk_full_error, is_disk_full
 from workers.job import AttemptResult, JobSpec
 from workers.node.actor import NodeWorker
+from workers.node.inputs import InputDigests, input_digests
 from workers.node.records import AttemptFacts, job_record
 from workers.sglang import SGLANG_VERSION
 
@@ -597,6 +599,39 @@ def _disk_full_stops(out: Output) -> Iterator[None]:
         raise disk_full_error(err, where=str(out.state), doing="the driver wrote the sweep's files") from None
 
 
+def _recorded_inputs(out: Output) -> dict[str, str]:
+    """The input digests the sweep in ``out`` last accepted (none without a queue, or from before digests
+    were kept)."""
+    path = out.state / QUEUE_FILE
+    if not path.is_file():
+        return {}
+    with readable_queue(path):
+        conn = open_read_only(out.state)
+        try:
+            return sweep_inputs.loads(read_meta(conn).get(sweep_inputs.META_CURRENT))
+        finally:
+            conn.close()
+
+
+def _apply_inputs(queue: JobQueue, plan: Plan, current: InputDigests, progress: Progress) -> Plan:
+    """Record the run's input digests in the queue and give the plan's jobs the ids of these inputs
+    (harness.inputs); pending jobs of superseded ids are withdrawn."""
+    original = sweep_inputs.loads(queue.get_meta(sweep_inputs.META_ORIGINAL))
+    accepted = sweep_inputs.loads(queue.get_meta(sweep_inputs.META_CURRENT))
+    changed = sweep_inputs.changed_kinds(accepted, current)
+    queue.set_meta(sweep_inputs.META_ORIGINAL, sweep_inputs.dumps({**current, **original}))
+    queue.set_meta(sweep_inputs.META_CURRENT, sweep_inputs.dumps({**accepted, **current}))
+    plan, superseded = sweep_inputs.rekeyed(plan, current, {**current, **original})
+    if changed:
+        withdrawn = queue.withdraw(superseded, f"inputs changed ({', '.join(changed)}): new job ids")
+        queue.event("inputs_changed", f"{', '.join(changed)} accepted ({sweep_inputs.ACCEPT_FLAG})")
+        progress.event(
+            f"inputs changed ({', '.join(changed)}): {len(superseded)} job(s) measured under new ids, "
+            f"{len(withdrawn)} pending job(s) of the earlier inputs withdrawn"
+        )
+    return plan
+
+
 def run_sweep(
     spec: SweepSpec,
     spec_text: str,
@@ -606,13 +641,25 @@ def run_sweep(
     ray_address: str,
     resume: bool,
     progress: Progress,
+    accept_changed_inputs: bool = False,
 ) -> SweepSummary:
     """Run (or resume) a planned sweep into ``out`` (a directory, an object-store URI, or an Output with
-    its state directory); see the module docstring."""
+    its state directory); see the module docstring. A resume whose inputs changed in place is refused
+    (``InputsChangedError``) unless ``accept_changed_inputs`` (harness.inputs)."""
     if not plan.jobs:
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
     out = output_for(out)
     check_output(out)  # before Ray: a bad URI, endpoint, bucket or key is refused before any launch
+    probe = next((job for job in plan.jobs if job.drafter is not None), plan.jobs[0])
+    current = input_digests(probe, on_node=False)  # once per run; the workers record their own
+    if resume:
+        sweep_inputs.check_unchanged(
+            _recorded_inputs(out),
+            current,
+            probe,
+            where=out.store.describe(),
+            accept=accept_changed_inputs,
+        )
     connection = connect_ray(ray_address, spec)
     where = out.store.describe() if out.remote else str(out.state.resolve())
     try:
@@ -622,9 +669,16 @@ def run_sweep(
             queue = None
             try:
                 queue = JobQueue(out.state)
+                plan = _apply_inputs(queue, plan, current, progress)
                 created = _prepare_queue(queue, plan, out, progress, search=spec.search.strategy == "model")
+                accepted = queue.get_meta(sweep_inputs.META_CURRENT)
                 write_sweep_row(
-                    out.store, plan.sweep_id, spec_text, sglang_version=SGLANG_VERSION, created_ns=created
+                    out.store,
+                    plan.sweep_id,
+                    spec_text,
+                    sglang_version=SGLANG_VERSION,
+                    created_ns=created,
+                    input_digests=accepted,
                 )
                 queue.event("driver_start", f"{socket.gethostname()} ray {ray.__version__}")
                 publish_queue(out, queue)
@@ -636,6 +690,7 @@ def run_sweep(
                     sglang_version=SGLANG_VERSION,
                     created_ns=created,
                     client_delay_us=median_client_delay_us(out.store, plan.sweep_id),
+                    input_digests=accepted,
                 )
                 queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
                 publish_queue(out, queue)

@@ -207,6 +207,18 @@ class JobQueue:
             self._event(None, "jobs_added", f"{added} new of {len(jobs)}")
         return added
 
+    def withdraw(self, job_ids: list[str], reason: str) -> list[str]:
+        """Remove the pending jobs among ``job_ids`` (superseded: they will not run under these ids);
+        jobs done, failed or leased stay. Returns the ids removed."""
+        removed = []
+        with self._transaction():
+            for job_id in job_ids:
+                cur = self._conn.execute("DELETE FROM jobs WHERE id = ? AND state = 'pending'", (job_id,))
+                if cur.rowcount:
+                    removed.append(job_id)
+                    self._event(job_id, "withdrawn", reason)
+        return removed
+
     # --- leasing -------------------------------------------------------------------------------------
 
     def lease(self, slot: int, *, other_slots: bool) -> Lease | None:

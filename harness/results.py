@@ -137,8 +137,10 @@ def write_sweep_row(
     sglang_version: str | None,
     created_ns: int,
     client_delay_us: tuple[float | None, float | None] = (None, None),
+    input_digests: str | None = None,
 ) -> None:
-    """The sweep table's row: spec, versions, host, and (once levels exist) the client-delay calibration."""
+    """The sweep table's row: spec, versions, host, the input digests (JSON) the sweep now measures with,
+    and (once levels exist) the client-delay calibration."""
     import ray
 
     record = SweepRecord(
@@ -151,6 +153,7 @@ def write_sweep_row(
         client_delay_p50_us=client_delay_us[0],
         client_delay_p99_us=client_delay_us[1],
         created_unix_ns=created_ns,
+        input_digests=input_digests,
     )
     store.write_table(layout.sweep_part_path(ROOT, sweep_id), sweep_table([record]))
 

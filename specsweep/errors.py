@@ -60,6 +60,11 @@ class WorkloadError(SpecsweepError):
     """A load level or workload that cannot run (unreadable prompts file, bad load arguments)."""
 
 
+class InputsChangedError(SpecsweepError):
+    """A resume whose inputs (prompt files, drafter, target configs, engine) changed in place since the
+    sweep's results were measured: continuing would rank measurements of different inputs together."""
+
+
 class DiskFullError(SpecsweepError):
     """A write found the disk full (or a quota or file-size limit reached): the command stopped there.
     Every file is written under a temporary name and renamed, and the queue is SQLite, so nothing is

@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="after the sweep, launch the adaptive schedule built from its per-level winners on the same "
         "load levels (the spec's confirm_adaptive; also adds it to a finished sweep with --resume)",
     )
+    parser.add_argument(
+        "--accept-changed-inputs",
+        action="store_true",
+        help="with --resume: measure inputs changed in place since the sweep ran (prompt files, drafter, "
+        "target configs, engine) under new job ids, kept apart from the earlier results",
+    )
     add_validation_arguments(parser)
 
 
@@ -78,7 +84,14 @@ def run(args: argparse.Namespace) -> int:
     progress = progress_for(sys.stdout)
     try:
         summary = run_sweep(
-            spec, text, plan, out, ray_address=args.ray_address, resume=args.resume, progress=progress
+            spec,
+            text,
+            plan,
+            out,
+            ray_address=args.ray_address,
+            resume=args.resume,
+            progress=progress,
+            accept_changed_inputs=args.accept_changed_inputs,
         )
     except DiskFullError as err:
         raise DiskFullError(

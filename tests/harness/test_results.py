@@ -215,7 +215,15 @@ def test_write_sweep_row_records_the_spec_versions_host_and_calibration(tmp_path
     import ray
 
     store = output_for(tmp_path).store
-    write_sweep_row(store, "s1", SPEC, sglang_version="0.5.23", created_ns=42, client_delay_us=(45.0, 180.0))
+    write_sweep_row(
+        store,
+        "s1",
+        SPEC,
+        sglang_version="0.5.23",
+        created_ns=42,
+        client_delay_us=(45.0, 180.0),
+        input_digests='{"prompts": "p1"}',
+    )
     (row,) = pq.read_table(tmp_path / layout.sweep_part_path(ROOT, "s1")).to_pylist()
     assert row == {
         "sweep_id": "s1",
@@ -227,6 +235,7 @@ def test_write_sweep_row_records_the_spec_versions_host_and_calibration(tmp_path
         "client_delay_p50_us": 45.0,
         "client_delay_p99_us": 180.0,
         "created_unix_ns": 42,
+        "input_digests": '{"prompts": "p1"}',
     }
 
 

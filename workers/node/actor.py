@@ -41,8 +41,9 @@ from analysis.schema import (
 )
 from specsweep.error_classes import ErrorClass
 from specsweep.errors import ConversionError, WorkloadError
-from workers.convert.cache import converted_drafter
+from workers.convert.cache import drafter_conversion
 from workers.job import AttemptResult, JobSpec, LoadLevel
+from workers.node.inputs import input_digests
 from workers.node.launcher import (
     PidFile,
     ServerConfig,
@@ -197,7 +198,10 @@ class NodeWorker:
         job = state.job
         self._preflight()
         _check_prompts(job)
-        draft_path = self._drafter(job)
+        draft_path, draft_digest = self._drafter(job)
+        state.facts = replace(
+            state.facts, input_digests=input_digests(job, on_node=True, drafter=draft_digest)
+        )
         log_path = layout.server_log(self.out, job.job_id, state.attempt)
         config = ServerConfig(
             engine=job.engine,
@@ -366,11 +370,13 @@ class NodeWorker:
         tmp.replace(path)
         return str(path)
 
-    def _drafter(self, job: JobSpec) -> str | None:
-        """The node-local converted drafter (converted once per node: the converter's cache)."""
+    def _drafter(self, job: JobSpec) -> tuple[str | None, str | None]:
+        """The node-local converted drafter (converted once per node: the converter's cache) and the
+        digest of the checkpoint it was converted from."""
         if job.drafter is None:
-            return None
-        return str(converted_drafter(job.drafter, job.model_path))
+            return None, None
+        conversion = drafter_conversion(job.drafter, job.model_path)
+        return str(conversion.path), conversion.report.source_digest
 
     def _server_env(self, job: JobSpec, attempt: int) -> tuple[tuple[str, str], ...]:
         env = dict(job.env)

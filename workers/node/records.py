@@ -31,6 +31,7 @@ class AttemptFacts:
     startup_s: float | None = None
     server_metrics_off: str | None = None  # why the server's /metrics was not sampled
     gpu_metrics_off: str | None = None  # why NVML was not sampled
+    input_digests: dict[str, str] | None = None  # workers.node.inputs: what the attempt measured with
 
 
 def job_record(
@@ -78,4 +79,7 @@ def job_record(
         startup_s=facts.startup_s,
         server_metrics_off=facts.server_metrics_off,
         gpu_metrics_off=facts.gpu_metrics_off,
+        input_digests=json.dumps(facts.input_digests, sort_keys=True)
+        if facts.input_digests is not None
+        else None,
     )
