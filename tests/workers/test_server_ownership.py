@@ -26,6 +26,7 @@ from workers.node.launcher import (
     classify_exit,
     http_get,
     kill_group,
+    server_info_object,
     start_server,
     wait_healthy,
 )
@@ -215,3 +216,21 @@ def test_wait_healthy_fails_as_port_taken_when_the_server_cannot_bind_its_port(
         server.stop(grace_s=5)
     assert caught.value.error_class == ErrorClass.PORT_TAKEN
     assert "address already in use" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"weight_version": ' + b"9" * 5000 + b"}",
+        b"[" * 100_000,
+        b"[1, 2]",
+        b"<html>busy</html>",
+        b"\xff\xfe",
+    ],
+    ids=["5000-digit integer", "deep nesting", "not an object", "not JSON", "not text"],
+)
+def test_server_info_object_is_none_when_a_hostile_body_is_read(body: bytes) -> None:
+    """A ``/server_info`` body that is not SGLang's JSON object reads as no answer (the attempt fails as
+    classified, port_taken or health_lost), never a ValueError or RecursionError out of the worker."""
+    assert server_info_object(body) is None
+    assert server_info_object(b'{"weight_version": "specsweep-1"}') == {"weight_version": "specsweep-1"}

@@ -54,6 +54,7 @@ from workers.node.launcher import (
     launch_tag_problem,
     pid_dir,
     python_for,
+    server_info_object,
     start_server,
     wait_healthy,
 )
@@ -392,7 +393,13 @@ class NodeWorker:
             raise ServerFailure(
                 ErrorClass.HEALTH_LOST, f"{api.SERVER_INFO} answered {status or 'nothing'}", server.log_tail()
             )
-        info: dict[str, Any] = json.loads(body)
+        info = server_info_object(body)
+        if info is None:
+            raise ServerFailure(
+                ErrorClass.HEALTH_LOST,
+                f"{api.SERVER_INFO} answered without an SGLang JSON object: {body[:200]!r}",
+                server.log_tail(),
+            )
         problem = launch_tag_problem(server, info)
         if problem is not None:  # our server held the port at /health; someone shares it now
             raise ServerFailure(ErrorClass.PORT_TAKEN, problem, server.log_tail())

@@ -40,7 +40,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from specsweep.documents import load_json
 from specsweep.error_classes import ErrorClass
 from workers.job import Engine
 from workers.sglang import api, failures
@@ -363,6 +365,16 @@ def launch_tag_problem(server: ServerProcess, info: Mapping[str, object]) -> str
     return f"{api.SERVER_INFO} reports {api.LAUNCH_TAG} {reported!r}, not this launch's {server.launch_tag!r}"
 
 
+def server_info_object(body: bytes) -> dict[str, Any] | None:
+    """A ``/server_info`` body as SGLang's JSON object, or None for anything else (not JSON, not an
+    object, an integer past Python's digit limit, nesting too deep): a body we cannot read is no answer."""
+    try:
+        info = load_json(body)
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    return info if isinstance(info, dict) else None
+
+
 def check_owner(server: ServerProcess) -> None:
     """Raise port_taken unless the launched process group holds the port's listening socket and the
     server answering there reports this launch's tag.
@@ -383,11 +395,8 @@ def check_owner(server: ServerProcess) -> None:
         elif not ours:
             problems.append(f"no process of group {server.pgid} listens on port {server.port}")
     status, body = http_get(server.url + api.SERVER_INFO, timeout_s=30.0)
-    try:
-        info = json.loads(body) if status == 200 else None
-    except ValueError:
-        info = None
-    if not isinstance(info, dict):
+    info = server_info_object(body) if status == 200 else None
+    if info is None:
         problems.append(f"{api.SERVER_INFO} answered {status or 'nothing'} without an SGLang body")
     elif (problem := launch_tag_problem(server, info)) is not None:
         problems.append(problem)
