@@ -30,6 +30,7 @@ Resampling, exactly and cheaply:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -191,10 +192,7 @@ def select_best(
     metrics = {**METRICS_BY_NAME, **goodput_metrics(request_slos)}
     metric = _objective_metric(objective, metrics)
     _check_goodput_slos(slos, metrics)
-    if not 0.5 <= confidence < 1:
-        raise ResultsError(f"--confidence {confidence} is not a probability in [0.5, 1)", fix="e.g. 0.95")
-    if replicates < 100:
-        raise ResultsError(f"--bootstrap {replicates} is too few for an interval", fix="use at least 100")
+    check_bootstrap(confidence, replicates)
     if not 0.0 <= max_error_rate <= 1.0:
         raise ResultsError(
             f"--max-error-rate {max_error_rate:g} is not a share of requests",
@@ -254,6 +252,14 @@ def select_best(
         levels=choices,
         notes=tuple(notes),
     )
+
+
+def check_bootstrap(confidence: float, replicates: int) -> None:
+    """Refuse a confidence or a replicate count no interval can be read from."""
+    if not 0.5 <= confidence < 1:
+        raise ResultsError(f"--confidence {confidence} is not a probability in [0.5, 1)", fix="e.g. 0.95")
+    if replicates < 100:
+        raise ResultsError(f"--bootstrap {replicates} is too few for an interval", fix="use at least 100")
 
 
 def _objective_metric(name: str, metrics: dict[str, Metric]) -> Metric:
@@ -791,3 +797,93 @@ def _float64_view(array: pa.Array) -> np.ndarray:
     pandas, which costs more than the whole ranking)."""
     data = array.buffers()[1]
     return np.frombuffer(data, dtype=np.float64, count=len(array), offset=array.offset * 8)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One config at one level as ``best`` measures it, for comparing sweeps (``analysis.compare``)."""
+
+    config_label: str
+    is_baseline: bool
+    job_ids: tuple[str, ...]
+    value: float | None  # median over repeats; null without one
+    replicates: np.ndarray  # per bootstrap replicate, two-stage (launches, then requests); NaN where none
+    error_rate: float | None
+    sglang_argv: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """A sweep's configs per level (in ``best``'s level order) under one metric."""
+
+    sweep_id: str
+    metric: Metric
+    levels: dict[str, dict[str, Measured]]
+    notes: tuple[str, ...]
+
+
+def measure_configs(
+    con: duckdb.DuckDBPyConnection,
+    out: Location,
+    metric_name: str,
+    *,
+    replicates: int = DEFAULT_REPLICATES,
+    seed: int = 0,
+    allow_partial: bool = False,
+    category: str | None = None,
+) -> Measurements:
+    """Per level and config, ``metric_name`` as ``best`` ranks it and its bootstrap replicates, over the
+    jobs ``best`` ranks (the sweep's current inputs; an unfinished sweep refused unless ``allow_partial``).
+    ``category`` (as ``category_results`` names it): a percentile over that category's requests only; a
+    rate has no value per category (a level serves its categories in one batch)."""
+    out = as_store(out)
+    metric = _objective_metric(metric_name, METRICS_BY_NAME)
+    notes = _completeness_notes(con, out, allow_partial=allow_partial)
+    sweep_id = _single_sweep(con)
+    superseded = _superseded_jobs(con, out, notes)
+    runs_by_level = _load_runs(con, out, metric, (), (), SWEEP_ROLES, superseded)
+    requests = requests_of_jobs(out, {run.job_id for runs in runs_by_level.values() for run in runs})
+    if category is not None:
+        if isinstance(metric.aggregate, Rate):
+            raise ResultsError(
+                f"{metric.name} is a rate of a whole level: it has no value per request category",
+                where="--by category",
+                fix="compare a percentile per category (e.g. tpot_p50_ms), or rates --by level",
+            )
+        quoted = category.replace("'", "''")
+        requests = f"(SELECT * FROM {requests} WHERE coalesce(category, '(none)') = '{quoted}')"
+        of_category = {
+            (job_id, level): value
+            for job_id, level, value in con.sql(
+                f"SELECT job_id, load_level, {metric.aggregate.sql()} FROM {requests} WHERE NOT warmup "
+                "GROUP BY ALL"
+            ).fetchall()
+        }
+        runs_by_level = {
+            level: [
+                dataclasses.replace(
+                    run, values={**run.values, metric.name: of_category.get((run.job_id, level))}
+                )
+                for run in runs
+            ]
+            for level, runs in runs_by_level.items()
+        }
+    resampler = _Resampler(con, metric, replicates, seed, requests, DEFAULT_CONFIDENCE)
+    levels: dict[str, dict[str, Measured]] = {}
+    for level in _order_levels(con, list(runs_by_level)):
+        by_config: dict[str, list[_Run]] = {}
+        for run in runs_by_level[level]:
+            by_config.setdefault(run.config_label, []).append(run)
+        levels[level] = {
+            label: Measured(
+                config_label=label,
+                is_baseline=runs[0].is_baseline,
+                job_ids=tuple(r.job_id for r in runs),
+                value=_config_value(runs, metric.name),
+                replicates=resampler.replicates_of(level, runs),
+                error_rate=_config_value(runs, ERROR_RATE),
+                sglang_argv=runs[0].sglang_argv,
+            )
+            for label, runs in sorted(by_config.items())
+        }
+    return Measurements(sweep_id, metric, levels, tuple(notes))

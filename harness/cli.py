@@ -33,6 +33,7 @@ COMMAND_MODULES: dict[str, str] = {
     "schema": "schema",
     "sql": "sql",
     "best": "best",
+    "compare": "compare",
     "report": "report",
     "demo": "demo",
 }

@@ -50,6 +50,27 @@ def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None)
     return out
 
 
+def compared_flags(argv: Sequence[str]) -> dict[str, str]:
+    """A measured launch's flags as flag -> value (its values joined by spaces, "" for a switch), for
+    telling what two sweeps ran differently: without the launch-only flags and the drafter's path (a
+    node-local copy named by its content hash; the spec and the drafter's input digest say what it is)."""
+    flags: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for token in launch_args(argv):
+        if token.startswith("--"):
+            name, _, value = token.partition("=")
+            current = flags.setdefault(name, [])
+            if value:
+                current.append(value)
+        elif current is not None:
+            current.append(token)
+    return {
+        name: " ".join(values)
+        for name, values in flags.items()
+        if name not in LAUNCH_ONLY_FLAGS and name != DRAFT_FLAG
+    }
+
+
 def _with_value(args: list[str], flag: str, value: str) -> list[str]:
     out = list(args)
     for i, token in enumerate(out):

@@ -1,0 +1,142 @@
+"""``specsweep compare A B [...]``: sweeps side by side, each against the first (``analysis.compare``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from harness.commands.base import Command
+from harness.output import add_format_argument, print_csv, print_json
+from specsweep.errors import ResultsError
+
+CATEGORY_METRICS = ("tpot_p50_ms", "ttft_p99_ms")  # --by category: percentiles (a rate is per level)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from analysis.compare import DEFAULT_METRICS
+    from analysis.select import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
+
+    parser.add_argument(
+        "outs",
+        nargs="+",
+        metavar="OUT",
+        help="two or more sweeps' outputs (directories or s3:// / gs:// URIs); the first is the reference A",
+    )
+    parser.add_argument(
+        "--metrics",
+        metavar="NAMES",
+        help="comma-separated metrics to compare, as `best --objective` takes them "
+        f"(default {','.join(DEFAULT_METRICS)}; --by category: {','.join(CATEGORY_METRICS)})",
+    )
+    parser.add_argument(
+        "--by",
+        choices=("level", "category"),
+        default="level",
+        help="level: per load level and config (default); category: per level, request category and "
+        "config (percentiles only)",
+    )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        metavar="P",
+        help=f"confidence of the ratios' intervals (default {DEFAULT_CONFIDENCE})",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=DEFAULT_REPLICATES,
+        metavar="N",
+        help=f"bootstrap replicates (default {DEFAULT_REPLICATES})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument(
+        "--allow-partial", action="store_true", help="compare the committed jobs of sweeps not finished"
+    )
+    add_format_argument(parser)
+    parser.add_argument(
+        "--html", type=Path, metavar="FILE", help="also write the comparison as a self-contained HTML page"
+    )
+
+
+def _metrics(args: argparse.Namespace) -> tuple[str, ...]:
+    """The --metrics names, each one `best` can rank by (goodput needs per-request SLOs compare lacks)."""
+    from analysis.compare import DEFAULT_METRICS
+    from analysis.goodput import GOODPUT_METRICS
+    from analysis.select import OBJECTIVE_ALIASES, OBJECTIVE_METRICS
+
+    if args.metrics is None:
+        return CATEGORY_METRICS if args.by == "category" else DEFAULT_METRICS
+    names = tuple(dict.fromkeys(n.strip() for n in args.metrics.split(",") if n.strip()))
+    allowed = [m for m in OBJECTIVE_METRICS if OBJECTIVE_ALIASES.get(m, m) not in GOODPUT_METRICS]
+    for name in names:
+        if name not in allowed:
+            raise ResultsError(
+                f"{name!r} is not a metric compare can resample",
+                where="--metrics",
+                fix=f"use some of: {', '.join(allowed)}",
+            )
+    if not names:
+        raise ResultsError("no metric given", where="--metrics", fix="e.g. --metrics output_tok_s_per_gpu")
+    return names
+
+
+def _check_html_target(path: Path | None) -> None:
+    if path is not None and path.is_dir():  # found before the work, not after it
+        raise ResultsError(
+            "the HTML page's target is a directory",
+            where=str(path),
+            fix="pass a file name, e.g. --html compare.html",
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis.compare import CSV_COLUMNS, compare_sweeps, comparison_page, format_text
+    from analysis.store import open_store, write_local_atomic
+    from analysis.views import connect, readable_results
+    from workers.sglang.deploy import compared_flags
+
+    if len(args.outs) < 2:
+        raise ResultsError(
+            "compare needs two or more sweeps", where="OUT", fix="pass the reference sweep, then the others"
+        )
+    metrics = _metrics(args)
+    _check_html_target(args.html)
+    stores = [open_store(out) for out in args.outs]
+    with contextlib.ExitStack() as stack:
+        sweeps = []
+        for store in stores:
+            with readable_results(store):
+                con = connect(store)
+            stack.callback(con.close)
+            sweeps.append((store, con))
+        comparison = compare_sweeps(
+            sweeps,
+            metrics=metrics,
+            by=args.by,
+            replicates=args.bootstrap,
+            confidence=args.confidence,
+            seed=args.seed,
+            allow_partial=args.allow_partial,
+            flags_of=compared_flags,
+        )
+    if args.format == "json":
+        print_json(comparison.as_json())
+    elif args.format == "csv":
+        print_csv(CSV_COLUMNS, comparison.csv_rows())
+    else:
+        print(format_text(comparison))
+    if args.html is not None:
+        write_local_atomic(args.html, comparison_page(comparison).encode())
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+COMMAND = Command(
+    name="compare",
+    help="compare two or more sweeps per level and config: B / A with intervals, ties, what changed",
+    add_arguments=add_arguments,
+    run=run,
+)
