@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from analysis.select import LevelChoice, RankedConfig, Selection
-from specsweep.errors import ResultsError
+from specsweep.errors import NoConfigMeetsSlosError, ResultsError
 
 if TYPE_CHECKING:
     import duckdb
@@ -185,7 +185,7 @@ def _best_static(
     if only is not None:
         candidates &= only
     if not candidates:
-        raise ResultsError(
+        raise NoConfigMeetsSlosError(
             "no config meets every SLO at every weighted load level",
             where="--emit",
             fix="relax the SLOs, or weight only the levels the deployment must serve",

@@ -47,6 +47,13 @@ class ResultsError(SpecsweepError):
     """A results directory that holds no (or incomplete) sweep results, or a bad query on it."""
 
 
+class NoConfigMeetsSlosError(ResultsError):
+    """No config meets the SLOs (``best``, its capacity ranking, ``--emit``): there is nothing to deploy.
+    Its own exit code, so a script tells "no winner" from a mistake in the command (2)."""
+
+    exit_code = 6
+
+
 class StoreError(ResultsError):
     """An output location that cannot be used: a bad object-store URI, an unreachable endpoint, a missing
     bucket, missing or rejected credentials."""

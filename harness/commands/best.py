@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.commands.base import Command
+from harness.output import add_format_argument, print_csv, print_json
+from specsweep.errors import NoConfigMeetsSlosError
 
 CAPACITY = "capacity"  # --objective capacity: rank by the capacity search's result, not a level metric
 
@@ -99,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="level: the config to deploy per load level (default); category: per level and request "
         "category, the config whose requests of that category decode fastest (mean TPOT)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_format_argument(parser, json_alias=True)
     parser.add_argument(
         "--emit",
         type=Path,
@@ -226,18 +227,16 @@ def run(args: argparse.Namespace) -> int:
             )
     finally:
         con.close()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    **dataclasses.asdict(selection),
-                    "confirmation": dataclasses.asdict(confirmation) if confirmation else None,
-                    "deploy": deployment,
-                },
-                indent=2,
-                default=str,
-            )
+    if args.format == "json":
+        print_json(
+            {
+                **dataclasses.asdict(selection),
+                "confirmation": dataclasses.asdict(confirmation) if confirmation else None,
+                "deploy": deployment,
+            }
         )
+    elif args.format == "csv":
+        print_csv(SELECTION_CSV_COLUMNS, selection_csv_rows(selection))
     else:
         print(format_selection(selection))
         if confirmation is not None:
@@ -246,7 +245,57 @@ def run(args: argparse.Namespace) -> int:
             from harness.emit import describe
 
             print(describe(deployment, args.emit))
+    if all(level.winner is None for level in selection.levels):
+        raise NoConfigMeetsSlosError(
+            "no config meets every SLO at any load level: there is nothing to deploy",
+            where="--slo" if selection.slos else "--max-error-rate",
+            fix="relax the limits the excluded configs miss (each one's reasons are listed: --slo, "
+            "--max-error-rate), or measure other configs",
+        )
     return 0
+
+
+# ``best --format csv``: one row per level x config, ranked ones first (rank empty for excluded ones).
+SELECTION_CSV_COLUMNS = (
+    "load_level",
+    "rank",
+    "config_label",
+    "is_baseline",
+    "repeats",
+    "objective",
+    "objective_low",
+    "objective_high",
+    "speedup",
+    "speedup_low",
+    "speedup_high",
+    "tie",
+    "more_repeats",
+    "error_rate",
+    "goodput_rps",
+    "goodput_share",
+    "excluded_because",
+    "launch_command",
+)
+
+
+def selection_csv_rows(selection: Selection) -> list[tuple[object, ...]]:
+    """The ranking as ``SELECTION_CSV_COLUMNS`` rows."""
+    rows: list[tuple[object, ...]] = []
+    for level in selection.levels:
+        for r in level.ranked:
+            o, s = r.objective_ci, r.speedup_ci
+            rows.append(
+                (level.load_level, r.rank, r.config_label, r.is_baseline, r.repeats, r.objective,
+                 o and o.low, o and o.high, r.speedup, s and s.low, s and s.high, r.tie, r.more_repeats,
+                 r.error_rate, r.goodput_rps, r.goodput_share, None, r.launch_command)
+            )  # fmt: skip
+        for e in level.excluded:
+            rows.append(
+                (level.load_level, None, e.config_label, e.config_label == level.baseline_label, None, None,
+                 None, None, None, None, None, None, None, e.error_rate, None, None, "; ".join(e.reasons),
+                 None)
+            )  # fmt: skip
+    return rows
 
 
 @contextlib.contextmanager
@@ -289,8 +338,36 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
                 fix=f"use one of: {', '.join(levels)}",
             )
         choices = best_by_category(con, args.at)
-    if args.json:
-        print(json.dumps({"by": "category", "levels": [dataclasses.asdict(c) for c in choices]}, indent=2))
+    if args.format == "json":
+        print_json({"by": "category", "levels": [dataclasses.asdict(c) for c in choices]})
+    elif args.format == "csv":
+        columns = (
+            "load_level",
+            "category",
+            "rank",
+            "config_label",
+            "tpot_ms",
+            "speedup",
+            "accept_length_mean",
+            "num_ok",
+        )
+        print_csv(
+            columns,
+            (
+                (
+                    c.load_level,
+                    c.category,
+                    i,
+                    r.config_label,
+                    r.tpot_ms,
+                    r.speedup,
+                    r.accept_length_mean,
+                    r.num_ok,
+                )
+                for c in choices
+                for i, r in enumerate(c.ranked, start=1)
+            ),
+        )
     else:
         print(format_by_category(choices))
     return 0
@@ -302,7 +379,6 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     is shown (each config's bound), then that is a ResultsError (exit 2), as ``--emit`` refuses when no
     config meets the SLOs."""
     from analysis.capacity import capacity_text, rank_by_capacity
-    from specsweep.errors import ResultsError
 
     _refuse_emit(
         args,
@@ -312,10 +388,11 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     with _open_results(store) as con:
         choices = rank_by_capacity(con)
     first = choices[0]
-    if args.json:
-        print(
-            json.dumps({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]}, indent=2)
-        )
+    if args.format == "json":
+        print_json({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]})
+    elif args.format == "csv":
+        rows = [dataclasses.asdict(c) for c in choices]
+        print_csv(list(rows[0]), (list(row.values()) for row in rows))
     else:
         lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
         lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
@@ -327,7 +404,7 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
             lines.append(f"   launch: {first.launch_command or '(unknown)'}")
         print("\n".join(lines))
     if first.capacity is None:  # ranked highest first, so no config has one
-        raise ResultsError(
+        raise NoConfigMeetsSlosError(
             f"no config met its SLO ({first.slo}) at any probed load: there is no capacity and no launch "
             "to recommend",
             where="--objective capacity",

@@ -19,12 +19,14 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.base import Command
+from harness.output import add_format_argument, print_csv, print_json
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
     import duckdb
 
 PROMPT = "specsweep> "
+TABLE_ROWS = 100  # rows a table shows unless --max-rows says otherwise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "queries from stdin (end each with ';')",
     )
     parser.add_argument(
-        "--max-rows", type=_row_count, default=100, metavar="N", help="rows to print (default 100)"
+        "--max-rows",
+        type=_row_count,
+        default=None,
+        metavar="N",
+        help=f"rows to print per statement (default {TABLE_ROWS} as a table, all as json or csv)",
     )
+    add_format_argument(parser)
     parser.add_argument(
         "--unsafe",
         action="store_true",
@@ -65,23 +72,33 @@ def run(args: argparse.Namespace) -> int:
     from analysis.views import connect, readable_results
 
     store = open_store(args.out)
+    max_rows = args.max_rows
+    if max_rows is None and args.format == "table":
+        max_rows = TABLE_ROWS
     with readable_results(store):
         con = connect(store, read_only=not args.unsafe)  # refuses a directory without results first
     try:
         if args.query is not None:
-            _run_query(con, args.query, args.max_rows, unsafe=args.unsafe, where=store.location)
+            _run_query(con, args.query, max_rows, args.format, unsafe=args.unsafe, where=store.location)
             return 0
-        return _shell(con, args.max_rows, unsafe=args.unsafe, where=store.location)
+        return _shell(con, max_rows, args.format, unsafe=args.unsafe, where=store.location)
     finally:
         con.close()
 
 
 def _run_query(
-    con: duckdb.DuckDBPyConnection, query: str, max_rows: int, *, unsafe: bool, where: str
+    con: duckdb.DuckDBPyConnection,
+    query: str,
+    max_rows: int | None,
+    fmt: str,
+    *,
+    unsafe: bool,
+    where: str,
 ) -> None:
-    """Print each statement's result as a text table as it completes, labelled when there are several
-    (all are checked before the first runs); a bad query is a user error, not a traceback, and so is a
-    damaged result object (``where``: OUT)."""
+    """Print each statement's result as it completes (as a text table, labelled when there are several),
+    or as CSV (one statement), or every result as one JSON document at the end; all are checked before
+    the first runs. A bad query is a user error, not a traceback, and so is a damaged result object
+    (``where``: OUT)."""
     from analysis.views import split_statements
 
     with _query_errors(where, "QUERY"):
@@ -89,13 +106,31 @@ def _run_query(
     if not statements:
         raise ResultsError("the query holds no statement", where="QUERY", fix="write a SELECT query")
     several = len(statements) > 1
+    if fmt == "csv" and several:
+        raise ResultsError(
+            f"--format csv prints one table, and the query holds {len(statements)} statements",
+            where="QUERY",
+            fix="run one statement per call, or use --format json (one result per statement)",
+        )
+    results: list[dict[str, Any]] = []
     for i, statement in enumerate(statements, 1):
         label = f"statement {i} of {len(statements)}"
         with _query_errors(where, f"QUERY, {label}" if several else "QUERY"):
-            result = _run_statement(con, statement, max_rows)
-        if several:
-            print(("\n" if i > 1 else "") + f"-- {label}: {_label(statement)}")
-        print(result)
+            columns, rows = _run_statement(con, statement, max_rows)
+        more = max_rows is not None and len(rows) > max_rows
+        shown = rows[:max_rows] if max_rows is not None else rows
+        if fmt == "json":
+            results.append({"statement": statement, "columns": columns, "rows": shown, "more_rows": more})
+        elif fmt == "csv":
+            print_csv(columns, shown)
+            if more:
+                print(f"specsweep sql: {max_rows} rows shown, more not (--max-rows)", file=sys.stderr)
+        else:
+            if several:
+                print(("\n" if i > 1 else "") + f"-- {label}: {_label(statement)}")
+            print(_format(columns, rows, len(rows) if max_rows is None else max_rows) if columns else "OK")
+    if fmt == "json":
+        print_json({"statements": results})
 
 
 @contextmanager
@@ -123,12 +158,16 @@ def _query_errors(where: str, statement: str) -> Iterator[None]:
         ) from None
 
 
-def _run_statement(con: duckdb.DuckDBPyConnection, statement: str, max_rows: int) -> str:
-    """One statement's result as a text table ("OK" for one without a result, under --unsafe)."""
+def _run_statement(
+    con: duckdb.DuckDBPyConnection, statement: str, max_rows: int | None
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """One statement's columns and rows (one more than ``max_rows``, to tell that more exist); no
+    columns for a statement without a result (under --unsafe)."""
     relation = con.sql(statement)
     if relation is None:
-        return "OK"
-    return _format(relation.columns, relation.limit(max_rows + 1).fetchall(), max_rows)
+        return [], []
+    rows = relation.limit(max_rows + 1).fetchall() if max_rows is not None else relation.fetchall()
+    return relation.columns, rows
 
 
 def _label(statement: str) -> str:
@@ -160,7 +199,9 @@ def _cell(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool, where: str) -> int:
+def _shell(
+    con: duckdb.DuckDBPyConnection, max_rows: int | None, fmt: str, *, unsafe: bool, where: str
+) -> int:
     """Read ';'-terminated queries from stdin until EOF; a failed query prints its error and goes on."""
     interactive = sys.stdin.isatty()
     if interactive:
@@ -179,7 +220,7 @@ def _shell(con: duckdb.DuckDBPyConnection, max_rows: int, *, unsafe: bool, where
             query = "".join(buffer).strip().rstrip(";")
             buffer.clear()
             try:
-                _run_query(con, query, max_rows, unsafe=unsafe, where=where)
+                _run_query(con, query, max_rows, fmt, unsafe=unsafe, where=where)
             except ResultsError as err:
                 print(f"error: {err.problem}", file=sys.stderr)
                 status = 2

@@ -12,11 +12,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, astuple, fields
 from pathlib import Path
 from typing import Any
 
 from harness.commands.base import Command
+from harness.output import add_format_argument, print_csv, print_json
 from harness.queue import (
     QUEUE_FILE,
     AttemptRow,
@@ -62,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
         counts, jobs, meta, attempts = _read_queue(folder, args.out)
     hours = node_hours(attempts)
     search = json.loads(meta[BELIEF_KEY]) if BELIEF_KEY in meta else None
-    if args.json:
+    if args.format == "csv":
+        print_csv([f.name for f in fields(JobRow)], (astuple(j) for j in jobs))
+        return 0
+    if args.format == "json":
         body = {
             "sweep_id": meta.get("sweep_id"),
             "counts": counts,
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             "attempts": [asdict(a) for a in attempts],
             "queue_copy": note,
         }
-        print(json.dumps(body, indent=2))
+        print_json(body)
         return 0
     if note is not None:
         print(f"from {note}")
@@ -155,7 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="object-store OUT: the driver's state directory, when `run` was given one (docs/cluster.md)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_format_argument(parser, json_alias=True)
 
 
 COMMAND = Command(

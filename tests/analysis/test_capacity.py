@@ -141,19 +141,19 @@ def test_best_points_at_capacity_when_the_sweep_has_no_fixed_levels(
     assert "no capacity search in these results" in err and "load.capacity" in err
 
 
-def test_best_recommends_no_launch_and_exits_2_when_no_probe_met_the_slo(
+def test_best_recommends_no_launch_and_exits_6_when_no_probe_met_the_slo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every probe of every config failed: each config's bound is still shown, but there is no capacity,
-    so no `launch:` line; one line says so and how to fix the search, exit 2, as `--emit` refuses when no
-    config meets the SLOs (it used to print the first config's launch and exit 0)."""
+    so no `launch:` line; one line says so and how to fix the search, exit 6 (no config meets the SLOs), as
+    `best` and `--emit` when no config meets them (it used to print the first config's launch and exit 0)."""
     failing = {key: [(rate, False) for rate, _ in probes] for key, probes in PROBES.items()}
     out = _write_results(tmp_path / "out", failing)
-    assert main(["best", str(out), "--objective", "capacity"]) == 2
+    assert main(["best", str(out), "--objective", "capacity"]) == 6
     captured = capsys.readouterr()
     assert "below 16 req/s" in captured.out and "launch:" not in captured.out
     assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 2, captured.err
     assert "no config met its SLO" in captured.err and "load.capacity.lo" in captured.err
-    assert main(["best", str(out), "--objective", "capacity", "--json"]) == 2
+    assert main(["best", str(out), "--objective", "capacity", "--json"]) == 6
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     assert [r["capacity"] for r in ranked] == [None] * len(CONFIGS)
