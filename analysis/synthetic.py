@@ -18,6 +18,7 @@ their values are slices of a shared pool, so generating ten million rows stays f
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 import time
@@ -315,8 +316,15 @@ def _job_record(
     )
 
 
-def write_sweep(out: Path, sweep: SyntheticSweep, *, spec_text: str = "synthetic: true\n") -> None:
-    """Write every committed file of ``sweep`` under ``out`` (sweep row, then each job, jobs last)."""
+def write_sweep(
+    out: Path,
+    sweep: SyntheticSweep,
+    *,
+    spec_text: str = "synthetic: true\n",
+    input_digests: dict[str, str] | None = None,
+) -> None:
+    """Write every committed file of ``sweep`` under ``out`` (sweep row, then each job, jobs last);
+    ``input_digests``: the sweep row's (none by default)."""
     rng = np.random.default_rng(sweep.seed)
     pools = _Pools(rng)
     now_ns = time.time_ns()
@@ -338,6 +346,7 @@ def write_sweep(out: Path, sweep: SyntheticSweep, *, spec_text: str = "synthetic
         client_delay_p50_us=45.0,
         client_delay_p99_us=180.0,
         created_unix_ns=now_ns,
+        input_digests=json.dumps(input_digests) if input_digests is not None else None,
     )
     write_parquet_atomic(sweep_table([sweep_row]), sweep_part_path(out, sweep.sweep_id))
 
