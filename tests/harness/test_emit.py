@@ -202,3 +202,25 @@ def test_best_emit_removes_the_files_it_wrote_when_a_later_one_cannot_be_written
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 2 and "launch.sh" in err, err
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == ["launch.sh", "launch.sh/keep"]
+
+
+def test_best_emit_exits_6_and_writes_nothing_when_no_config_meets_the_slos(
+    emit_results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--emit has nothing to deploy when no config meets the SLOs: exit 6, as `best` and its capacity
+    ranking then (it was 2, the code of a mistake in the command), one line, no files."""
+    dest = tmp_path / "deploy"
+    args = [
+        "best",
+        str(emit_results),
+        "--slo",
+        "ttft_p99_ms<=0.001",
+        "--emit",
+        str(dest),
+        "--bootstrap",
+        "100",
+    ]
+    assert main(args) == 6
+    err = capsys.readouterr().err
+    assert "no config meets every SLO" in err and "Traceback" not in err
+    assert not dest.exists() or not any(dest.iterdir())
