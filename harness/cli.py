@@ -3,7 +3,9 @@
 This is the only place that prints user errors and chooses exit codes: 0 success, 2 user error
 (bad input, with a message naming the problem and the fix), 3 "adjusted" for ``validate``, 4 for
 ``load`` when no request succeeded, 5 when a write found the disk full (``DiskFullError``: nothing is
-half-written; ``run --resume`` continues a sweep), 130 on Ctrl-C. An OSError no command turned into a
+half-written; ``run --resume`` continues a sweep), 6 when no config meets the SLOs (``best`` at every
+level, ``best --objective capacity``, ``best --emit``: ``NoConfigMeetsSlosError``; what each config missed
+is printed first), 130 on Ctrl-C. An OSError no command turned into a
 message is still one line (exit 2) when the user's paths or permissions caused it (``USER_OS_ERRNOS``,
 with the path it names; ``-vv`` logs where it was raised); any other stays a traceback, as a bug.
 Subcommands live in ``harness.commands``; their modules are imported lazily so that ``specsweep
