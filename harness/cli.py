@@ -5,8 +5,8 @@ This is the only place that prints user errors and chooses exit codes: 0 success
 ``load`` when no request succeeded, 5 when a write found the disk full (``DiskFullError``: nothing is
 half-written; ``run --resume`` continues a sweep), 6 when no config meets the SLOs (``best`` at every
 level, ``best --objective capacity``, ``best --emit``: ``NoConfigMeetsSlosError``; what each config missed
-is printed first), 130 on Ctrl-C. An OSError no command turned into a
-message is still one line (exit 2) when the user's paths or permissions caused it (``USER_OS_ERRNOS``,
+is printed first), 130 on Ctrl-C, 141 (128 + SIGPIPE, as a shell reports it) when the reader of the
+output left early (``| head``). An OSError no command turned into a message is still one line (exit 2) when the user's paths or permissions caused it (``USER_OS_ERRNOS``,
 with the path it names; ``-vv`` logs where it was raised); any other stays a traceback, as a bug.
 Subcommands live in ``harness.commands``; their modules are imported lazily so that ``specsweep
 validate`` does not pay for Ray or DuckDB.
@@ -18,6 +18,8 @@ import argparse
 import errno
 import importlib
 import logging
+import os
+import signal
 import sqlite3
 import sys
 
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args))
     except SpecsweepError as err:
         return _report(args.command, err)
+    except BrokenPipeError:  # the reader of our output left (`specsweep best OUT | head`): not an error
+        _discard_stdout()
+        return 128 + signal.SIGPIPE
     except (OSError, sqlite3.Error) as err:
         if is_disk_full(err):  # a write that found the disk full, wherever it was
             return _report(args.command, disk_full_error(err))
@@ -108,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"specsweep {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what the closed pipe did not take
+    raises no second BrokenPipeError at exit (the recipe of Python's ``signal`` module docs)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _path_error(err: OSError) -> SpecsweepError:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,19 @@ def test_status_prints_one_csv_row_per_job_when_asked(
     ]
     assert main(["status", str(tmp_path), "--json"]) == 0
     assert [j["id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == ["job0", "job1", "job2"]
+
+
+def test_sql_exits_141_without_a_traceback_when_the_reader_closes_the_pipe(
+    clear_results: tuple[Path, SyntheticSweep],
+) -> None:
+    """`specsweep sql OUT ... | head -1`: the reader leaves after one line; the command stops quietly with
+    128 + SIGPIPE, as a shell reports it (it ended in a BrokenPipeError traceback)."""
+    out, _ = clear_results
+    argv = [sys.executable, "-m", "harness.cli", "sql", str(out), "SELECT * FROM range(200000)"]
+    proc = subprocess.Popen([*argv, "--format", "csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip() == b"range"
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr
