@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,7 +241,9 @@ def test_doc_markers_cover_every_shell_block_when_read() -> None:
         blocks = [b for b in BLOCKS if b.doc == str(doc.relative_to(REPO))]
         assert len(SHELL_FENCE.findall(text)) == len(blocks), f"{doc}: a shell block was not read"
         markers = sum(1 for b in blocks if b.not_run or b.server or b.replacements)
-        assert text.count("<!-- docs-test:") == markers, f"{doc}: a docs-test marker is not before a block"
+        assert len(re.findall(r"^<!-- docs-test:", text, flags=re.M)) == markers, (
+            f"{doc}: a docs-test marker is not before a block"
+        )
     for block in BLOCKS:
         text = "\n".join(command.code for command in block.commands)
         for old, _ in block.replacements:
@@ -334,7 +337,9 @@ def test_doc_blocks_run_as_written_when_executed_in_a_fresh_copy(
                 code = command.code
                 for old, new in replacements:
                     code = code.replace(old, new)
+                started = time.monotonic()
                 code_, output = _run_shell(code, copy, env)
+                print(f"{command}: exit {code_} in {time.monotonic() - started:.1f} s: {code}")
                 assert code_ == command.expected_exit, (
                     f"{command}: `{code}` exited {code_}, the doc says {command.expected_exit}:\n{output[-4000:]}"
                 )
