@@ -186,6 +186,14 @@ def _segments(code: str) -> list[list[str]]:
     return [segment for segment in segments if segment]
 
 
+def _without_assignments(segment: list[str]) -> list[str]:
+    """The command's words after its leading environment assignments (`RAY_AUTH_MODE=token ray start`)."""
+    for index, word in enumerate(segment):
+        if not re.fullmatch(r"[A-Za-z_]\w*=.*", word):
+            return segment[index:]
+    return []
+
+
 def _specsweep_argvs(segment: list[str]) -> Iterator[list[str]]:
     """specsweep's arguments wherever the words run it: directly, after `--`, or quoted (`ray exec`)."""
     if "specsweep" in segment:
@@ -218,14 +226,16 @@ def _parse_problem(argv: list[str]) -> str | None:
 
 @pytest.mark.parametrize("command", COMMANDS, ids=str)
 def test_doc_command_names_real_flags_and_shipped_paths_when_parsed(command: DocCommand) -> None:
-    """Every command the docs and the example specs' comments show (cluster-only ones too) parses with specsweep's own argparse parser,
-    names existing Makefile targets, and every repository path it names ships with the repository."""
+    """Every command the docs and the example specs' comments show (cluster-only ones too) parses with
+    specsweep's own argparse parser, names existing Makefile targets, and every repository path it names
+    ships with the repository."""
     for segment in _segments(command.code):
         for argv in _specsweep_argvs(segment):
             problem = _parse_problem(argv)
             assert problem is None, f"{command}: `specsweep {shlex.join(argv)}` does not parse: {problem}"
-        if segment[0] == "make" or (segment[0].count("=") and "make" in segment):
-            targets = [w for w in segment[segment.index("make") + 1 :] if "=" not in w and w[0] != "-"]
+        words = _without_assignments(segment)
+        if words and words[0] == "make":
+            targets = [w for w in words[1:] if "=" not in w and not w.startswith("-")]
             assert set(targets) <= MAKE_TARGETS, f"{command}: no such make target in {targets}"
         quoted = [w for word in segment if word.startswith("specsweep ") for w in shlex.split(word)]
         for path in _repo_paths(segment + quoted):
@@ -300,7 +310,8 @@ def _run_shell(code: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
 
 @contextlib.contextmanager
 def _server_for(block: DocBlock, copy: Path) -> Iterator[tuple[tuple[str, str], ...]]:
-    """The replacements that run ``block``: its short form, and a simulated server's URL for its own."""
+    """The text replacements ``block`` runs with: its short form and, while it runs, its URL -> the URL of
+    a simulated server on a free port."""
     if block.server is None:
         yield block.replacements
         return
