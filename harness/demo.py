@@ -13,7 +13,7 @@ import contextlib
 import json
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import yaml
 from harness.reaper import Reaper
 from harness.spec import SweepSpec, parse_spec
 from specsweep.errors import SpecsweepError
+from workers.convert.fixtures import FixtureDims
 
 DEMO_SPEC = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
 DEMO_MARKER = ".specsweep-demo"  # written into OUT so a rerun may replace an old demo, and only a demo
@@ -74,31 +75,59 @@ def write_demo_prompts(path: Path) -> Path:
     return path
 
 
+# The demo's drafter: small (hidden 128) so the demo converts it in well under a second; the simulated
+# server models an H200 node serving the full-size model whatever the drafter's size.
+DEMO_DIMS = FixtureDims(
+    hidden_size=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    intermediate_size=256,
+    draft_vocab_size=8192,
+    vocab_size=163840,
+    target_hidden_size=128,
+    target_layers=61,
+    aux_layer_ids=(1, 29, 57),
+)
+# The shipped example's drafter (examples/inputs/): small enough to keep in git (about 200 KB, most of it the
+# 163840-entry vocabulary mask), without an embedding (SGLang takes the target's when the hidden sizes match).
+EXAMPLE_DIMS = replace(
+    DEMO_DIMS,
+    hidden_size=32,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    intermediate_size=64,
+    draft_vocab_size=128,
+    target_hidden_size=32,
+)
+EXAMPLE_INPUTS = Path(__file__).resolve().parents[1] / "examples" / "inputs"
+
+
 def write_demo_inputs(root: Path) -> DemoInputs:
     """A Kimi-K2.5-shaped target (KimiK25ForConditionalGeneration around a DeepseekV3 text model, vocab
-    163840; config only) and a small speculators drafter: the converter checks it against text_config.
+    163840; config only) and a small speculators drafter: the converter checks it against text_config."""
+    return _write_inputs(root, DEMO_DIMS, TARGET_DIR, DRAFTER_DIR, PROMPTS_FILE, embedding=True)
 
-    The drafter is small (hidden 128) so the demo converts it in well under a second; the simulated
-    server models an H200 node serving the full-size model whatever the drafter's size.
-    """
-    from workers.convert.eagle3_format import SourceFormat
-    from workers.convert.fixtures import FixtureDims, build_checkpoint, write_checkpoint, write_target_config
 
-    dims = FixtureDims(
-        hidden_size=128,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        intermediate_size=256,
-        draft_vocab_size=8192,
-        vocab_size=163840,
-        target_hidden_size=128,
-        target_layers=61,
-        aux_layer_ids=(1, 29, 57),
+def write_example_inputs(root: Path) -> DemoInputs:
+    """What examples/inputs/ ships (the README's `convert` and examples/sweep.yaml read it), byte for byte:
+    the demo's prompts, a Kimi-K2.5-shaped target config and a drafter of ``EXAMPLE_DIMS``."""
+    return _write_inputs(
+        root, EXAMPLE_DIMS, "kimi-k25-tiny", "eagle3-speculators", "prompts.jsonl", embedding=False
     )
-    target = write_target_config(root / TARGET_DIR, dims, multimodal=True)
-    drafter = write_checkpoint(build_checkpoint(SourceFormat.SPECULATORS, dims), root / DRAFTER_DIR)
-    return DemoInputs(target=target, drafter=drafter, prompts=write_demo_prompts(root / PROMPTS_FILE))
+
+
+def _write_inputs(
+    root: Path, dims: FixtureDims, target_dir: str, drafter_dir: str, prompts_file: str, *, embedding: bool
+) -> DemoInputs:
+    from workers.convert.eagle3_format import SourceFormat
+    from workers.convert.fixtures import build_checkpoint, write_checkpoint, write_target_config
+
+    target = write_target_config(root / target_dir, dims, multimodal=True)
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS, dims, include_embedding=embedding)
+    drafter = write_checkpoint(checkpoint, root / drafter_dir)
+    return DemoInputs(target=target, drafter=drafter, prompts=write_demo_prompts(root / prompts_file))
 
 
 def demo_spec(out: Path, inputs: DemoInputs) -> tuple[SweepSpec, str]:

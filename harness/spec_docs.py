@@ -14,8 +14,9 @@ HEADER = """# The sweep spec
 
 Generated from the spec's JSON Schema by `specsweep schema --markdown` (a test fails when this file
 drifts from the code). `specsweep schema` prints the JSON Schema itself. Unknown keys are errors; a bad
-spec is refused with each field's dotted path before anything is written. Examples: `examples/demo.yaml`
-(what `make demo` runs) and `examples/kimi-k25-eagle3.yaml` (a real cluster).
+spec is refused with each field's dotted path before anything is written. Examples: `examples/sweep.yaml`
+(a one-minute simulated sweep: the README's tour), `examples/demo.yaml` (what `make demo` runs) and
+`examples/kimi-k25-eagle3.yaml` (a real cluster).
 """
 
 

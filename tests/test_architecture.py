@@ -104,7 +104,8 @@ def test_error_class_literals_live_in_one_module_when_grepped() -> None:
                 )
 
 
-DOCS = sorted([*(REPO / "docs").glob("*.md"), REPO / "README.md", *(REPO / "examples").glob("*")])
+EXAMPLES = [path for path in (REPO / "examples").glob("*") if path.is_file()]  # not examples/inputs/'s data
+DOCS = sorted([*(REPO / "docs").glob("*.md"), REPO / "README.md", *EXAMPLES])
 _MODULE_RUN = re.compile(r"python -m ([A-Za-z_][\w.]*)")
 _REPO_PATH = re.compile(
     r"(?<![\w/.-])((?:harness|workers|analysis|bench|tests|examples|docs|specsweep)/[\w./-]*\w)"
