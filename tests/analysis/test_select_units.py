@@ -497,14 +497,19 @@ def test_select_best_counts_goodput_by_hand_when_rows_are_warmup_ramp_failed_or_
     rows = table.to_pylist()
     level = [row for row in rows if row["load_level"] == "concurrency=4"][: len(HAND_ROWS)]
     for row, (warmup, in_window, error_type, tpot_ms, ttft_ms) in zip(level, HAND_ROWS, strict=True):
-        row.update(warmup=warmup, in_window=in_window, error_type=error_type, tpot_ms=tpot_ms, ttft_ms=ttft_ms)
+        row.update(
+            warmup=warmup, in_window=in_window, error_type=error_type, tpot_ms=tpot_ms, ttft_ms=ttft_ms
+        )
     others = [row for row in rows if row["load_level"] != "concurrency=4"]
     write_parquet_atomic(pa.Table.from_pylist(others + level, schema=table.schema), path)
     (duration_s,) = _column(
         out, "SELECT duration_s FROM results WHERE job_id = ? AND load_level = 'concurrency=4'", job_id
     )
     level_choice = _select(
-        out, request_slos=parse_request_slos("tpot_ms<=10,ttft_ms<=100"), at="concurrency=4", max_error_rate=1.0
+        out,
+        request_slos=parse_request_slos("tpot_ms<=10,ttft_ms<=100"),
+        at="concurrency=4",
+        max_error_rate=1.0,
     ).levels[0]
     ranked = {r.config_label: r for r in level_choice.ranked}["chain d=4"]
     assert ranked.goodput_share == 0.5

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -193,12 +194,12 @@ class FakeNvml:
     temperature (NVML_ERROR_NOT_SUPPORTED, as some boards do). Installed over nvidia-ml-py's module
     functions, so everything above them (the sampler, the sampling loop) is the real code."""
 
-    POWER_MW = {0: 412_345, 1: 650_000}
-    USED_BYTES = {0: 85_899_345_920, 1: 1_073_741_824}  # 80 GiB, 1 GiB
-    SM_MHZ = {0: 1980, 1: 345}
-    TEMPERATURE_C = {0: 61}
-    UTILIZATION = {0: (87, 40), 1: (0, 0)}  # (gpu, memory) percent
-    CLOCKS_EVENTS = {0: 0x4, 1: 0x1}  # software power cap; idle
+    POWER_MW: ClassVar[dict[int, int]] = {0: 412_345, 1: 650_000}
+    USED_BYTES: ClassVar[dict[int, int]] = {0: 85_899_345_920, 1: 1_073_741_824}  # 80 GiB, 1 GiB
+    SM_MHZ: ClassVar[dict[int, int]] = {0: 1980, 1: 345}
+    TEMPERATURE_C: ClassVar[dict[int, int]] = {0: 61}
+    UTILIZATION: ClassVar[dict[int, tuple[int, int]]] = {0: (87, 40), 1: (0, 0)}  # (gpu, memory) percent
+    CLOCKS_EVENTS: ClassVar[dict[int, int]] = {0: 0x4, 1: 0x1}  # software power cap; idle
 
     def __init__(self) -> None:
         self.initialised = 0
