@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from analysis.goodput import GOODPUT_METRICS, goodput_metrics, meets_sql
+from analysis.goodput import GOODPUT_METRICS, goodput_metrics
 from analysis.layout import attempted_job_ids, committed_job_ids
-from analysis.metrics import MEASURED, METRICS_BY_NAME, Metric, Rate
+from analysis.metrics import METRICS_BY_NAME, Metric, Rate
 from analysis.slo import Slo, check_metric
 from analysis.store import ResultStore, as_store
 from analysis.views import Location, requests_of_jobs
@@ -399,14 +399,12 @@ def _load_runs(
         [list(roles)],
     ).fetchall()
     rows = [row for row in rows if row[1] not in skip]
-    good = _good_counts(con, out, {row[1] for row in rows}, request_slos) if request_slos else {}
+    goodput = _goodput_values(con, out, {row[1] for row in rows}, request_slos) if request_slos else {}
     runs: dict[str, list[_Run]] = {}
     for level, job_id, label, baseline, duration_s, gpus, command, argv, *values in rows:
         run_values: dict[str, float | None] = dict(zip(columns, values, strict=True))
-        if request_slos:
-            good_requests, requests = good.get((job_id, level), (0, 0))
-            run_values["goodput_rps"] = good_requests / duration_s
-            run_values["goodput_share"] = good_requests / requests if requests else None
+        if request_slos:  # a level without request rows: no good request, nothing to share
+            run_values |= goodput.get((job_id, level), {"goodput_rps": 0.0, "goodput_share": None})
         runs.setdefault(level, []).append(
             _Run(
                 job_id=job_id,
@@ -422,15 +420,20 @@ def _load_runs(
     return runs
 
 
-def _good_counts(
+def _goodput_values(
     con: duckdb.DuckDBPyConnection, out: ResultStore, job_ids: set[str], request_slos: tuple[Slo, ...]
-) -> dict[tuple[str, str], tuple[int, int]]:
-    """Per (job, level): requests sent inside the window that meet ``request_slos``, and all of them."""
+) -> dict[tuple[str, str], dict[str, float | None]]:
+    """Per (job, level): goodput_rps and goodput_share by their one definition (``analysis.goodput``),
+    over the level's non-warmup request rows and its window's ``duration_s``."""
+    metrics = goodput_metrics(request_slos)
+    values = ", ".join(metric.aggregate.sql() for metric in metrics.values())
     rows = con.sql(
-        f"SELECT job_id, load_level, count(*) FILTER (WHERE {meets_sql(request_slos)}), count(*) "
-        f"FROM {requests_of_jobs(out, job_ids)} WHERE {MEASURED} GROUP BY job_id, load_level"
+        f"SELECT job_id, load_level, {values} FROM (SELECT q.*, l.duration_s "
+        f"FROM {requests_of_jobs(out, job_ids)} q "
+        "JOIN (SELECT sweep_id, job_id, load_level, duration_s FROM levels) l "
+        "USING (sweep_id, job_id, load_level) WHERE NOT q.warmup) GROUP BY job_id, load_level"
     ).fetchall()
-    return {(job_id, level): (good, total) for job_id, level, good, total in rows}
+    return {(job_id, level): dict(zip(metrics, found, strict=True)) for job_id, level, *found in rows}
 
 
 def _order_levels(con: duckdb.DuckDBPyConnection, levels: list[str]) -> list[str]:

@@ -211,3 +211,36 @@ def test_every_latency_metric_is_numpys_statistic_of_successful_requests_when_fi
             assert metric.better == "lower" and metric.name in OBJECTIVE_METRICS, metric
         assert METRICS_BY_NAME[f"{name}_mean_ms"].better == "lower"
     assert all(METRICS_BY_NAME[f"itl_p{p}_ms"].name not in OBJECTIVE_METRICS for p in LEVEL_PERCENTILES)
+
+
+def test_summarize_level_changes_no_metric_when_warmup_and_ramp_rows_differ_from_measured_ones() -> None:
+    """Warmup and ramp-up rows (sent outside the window, nothing streamed inside it) whose every value is
+    far from the measured rows' (TTFT 900 s, TPOT 9 s, 999 tokens, one verify step, a 9 s gap) change no
+    metric of the level: its summary equals the one of THREE_ROWS alone, which counts n = 3 requests,
+    2 ok and 1 failed, a TPOT p50 of 15 ms (10 and 20) and an inter-token p50 of 10 ms (10, 10, 30)."""
+    extreme: dict[str, object] = dict(
+        ttft_ms=9e5,
+        e2e_ms=9e5,
+        tpot_ms=9e3,
+        completion_tokens=999,
+        window_tokens=0,
+        spec_verify_ct=1,
+        spec_accept_length=999.0,
+        itl_per_token_ms=[9e3],
+        spec_correct_drafts_histogram=[0, 0, 0, 0, 0, 0, 0, 1],
+    )
+    excluded = [
+        _request(8, warmup=True, **extreme),
+        _request(9, in_window=False, **extreme),
+        _request(10, in_window=False, error_type="timeout", **extreme),
+    ]
+    kwargs: dict[str, object] = dict(
+        sweep_id="s", job_id="j", load_level="concurrency=2", window_start_s=0.5, window_end_s=2.5, gpus=2,
+        server_accept_length=None,
+    )  # fmt: skip
+    alone = summarize_level(requests_table(THREE_ROWS), **kwargs)  # type: ignore[arg-type]
+    mixed = summarize_level(requests_table([*excluded, *THREE_ROWS]), **kwargs)  # type: ignore[arg-type]
+    assert mixed == alone
+    assert (mixed.num_requests, mixed.num_ok, mixed.num_errors) == (3, 2, 1)
+    assert mixed.tpot_p50_ms == pytest.approx(15.0) and mixed.itl_p50_ms == pytest.approx(10.0)
+    assert mixed.error_counts == (("http_500", 1),)

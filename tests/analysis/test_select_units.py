@@ -466,6 +466,56 @@ def test_select_best_gives_no_goodput_share_to_a_run_without_requests_in_its_win
     )
 
 
+# (warmup, in_window, error_type, tpot_ms, ttft_ms) of ten requests, and whether each is good under
+# "tpot_ms<=10,ttft_ms<=100" (worked in the test's docstring).
+HAND_ROWS = (
+    (True, False, None, 5.0, 50.0),  # warmup: not counted, though it would be good
+    (False, False, None, 5.0, 50.0),  # sent during the ramp-up: not counted, though it would be good
+    (False, True, None, 5.0, 50.0),  # good
+    (False, True, None, 8.0, 90.0),  # good
+    (False, True, None, 20.0, 50.0),  # TPOT too slow
+    (False, True, None, 5.0, 300.0),  # TTFT too slow
+    (False, True, None, None, 50.0),  # a one-token answer has no TPOT: that limit does not count
+    (False, True, "http_500", 5.0, 50.0),  # failed
+    (False, True, None, None, 300.0),  # no TPOT, TTFT too slow
+    (False, True, None, 10.0, 100.0),  # exactly at both limits: good
+)
+
+
+def test_select_best_counts_goodput_by_hand_when_rows_are_warmup_ramp_failed_or_lack_a_tpot(
+    small_results: Path, tmp_path: Path
+) -> None:
+    """goodput under "tpot_ms<=10,ttft_ms<=100" on ten hand-made requests of one run (HAND_ROWS): the
+    warmup and the ramp-up request are left out although they would be good, so 8 requests were sent
+    inside the window; of those, rows 2, 3, 6 (a null TPOT does not count against it) and 9 (limits are
+    inclusive) are good, 4 slow, 7 failed: goodput_share = 4 / 8 = 0.5, goodput_rps = 4 / duration_s.
+    Counting the ramp-up gives 5/9, a null TPOT as a miss 3/8, strict limits 3/8."""
+    out = _copy(small_results, tmp_path)
+    job_id = job_id_of(SMALL, D4, 0)
+    path = job_part_path(out, "requests", "synthetic", job_id)
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    level = [row for row in rows if row["load_level"] == "concurrency=4"][: len(HAND_ROWS)]
+    for row, (warmup, in_window, error_type, tpot_ms, ttft_ms) in zip(level, HAND_ROWS, strict=True):
+        row.update(
+            warmup=warmup, in_window=in_window, error_type=error_type, tpot_ms=tpot_ms, ttft_ms=ttft_ms
+        )
+    others = [row for row in rows if row["load_level"] != "concurrency=4"]
+    write_parquet_atomic(pa.Table.from_pylist(others + level, schema=table.schema), path)
+    (duration_s,) = _column(
+        out, "SELECT duration_s FROM results WHERE job_id = ? AND load_level = 'concurrency=4'", job_id
+    )
+    level_choice = _select(
+        out,
+        request_slos=parse_request_slos("tpot_ms<=10,ttft_ms<=100"),
+        at="concurrency=4",
+        max_error_rate=1.0,
+    ).levels[0]
+    ranked = {r.config_label: r for r in level_choice.ranked}["chain d=4"]
+    assert ranked.goodput_share == 0.5
+    assert ranked.goodput_rps == pytest.approx(4 / duration_s, rel=1e-12)  # type: ignore[operator]
+
+
 def test_select_best_ties_one_good_request_with_none(small_results: Path) -> None:
     """A request SLO only the fastest request meets: its config wins with one good request, which is
     not distinguishable from none (a resample may leave that request out, so the difference's interval

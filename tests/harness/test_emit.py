@@ -224,3 +224,40 @@ def test_best_emit_exits_6_and_writes_nothing_when_no_config_meets_the_slos(
     err = capsys.readouterr().err
     assert "no config meets every SLO" in err and "Traceback" not in err
     assert not dest.exists() or not any(dest.iterdir())
+
+
+def test_best_emit_follows_the_measured_confirmation_when_it_disagrees_with_the_prediction(
+    emit_results: Path, tmp_path: Path
+) -> None:
+    """The sweep predicts the adaptive server best on the mix; its confirmation measured half of each
+    level's winner (mix score 0.5, below the best static config's), so emit recommends static:
+    deploy.json says static and carries the confirmation, and launch.sh runs the static launch."""
+    import dataclasses
+    import shlex
+
+    from analysis.confirmation import confirm
+    from analysis.deploy import spec_weights
+    from harness.emit import emit
+
+    con = connect(emit_results)
+    selection = select_best(con, emit_results, replicates=100)
+    shapes, concurrency, weights = config_shapes(con), level_concurrency(con), spec_weights(con)
+    assert plan_deployment(selection, shapes, concurrency, weights).recommended == "adaptive"
+    halves = []
+    for level in selection.levels:
+        assert level.winner is not None
+        half = dataclasses.replace(
+            level.winner, config_label="adaptive", objective=level.winner.objective / 2
+        )
+        halves.append(dataclasses.replace(level, ranked=(*level.ranked, half)))
+    confirmation = confirm(
+        selection, dataclasses.replace(selection, levels=tuple(halves)), "adaptive", "{}", shapes, concurrency,
+        weights,
+    )  # fmt: skip
+    assert confirmation.mix_score == pytest.approx(0.5) and confirmation.recommended == "static"
+    result = emit(con, selection, tmp_path / "deploy", use_resolver=False, confirmation=confirmation)
+    assert result["recommended"] == "static" and result["adaptive"] is not None
+    written = json.loads((tmp_path / "deploy" / "deploy.json").read_text())
+    assert written["recommended"] == "static" and written["confirmation"]["mix_score"] == pytest.approx(0.5)
+    launch = (tmp_path / "deploy" / "launch.sh").read_text()
+    assert launch == "#!/bin/sh\nexec " + shlex.join(result["static"]["argv"]) + "\n"

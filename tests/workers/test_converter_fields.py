@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from specsweep.errors import ConversionError
 from workers.convert.converter import ConvertOptions, convert, convert_cached
 from workers.convert.eagle3_format import SPECULATORS_FIELDS, FieldAction, LayerNaming, SourceFormat
 from workers.convert.fixtures import TINY, Variant, build_checkpoint, published_shapes, write_checkpoint
@@ -132,3 +135,53 @@ def test_docs_table_states_each_speculators_field_action_when_read() -> None:
     text = (REPO / "docs" / "conversion.md").read_text()
     for field, rule in SPECULATORS_FIELDS.items():
         assert f"| `{field}` | {rule.action.value} |" in text, field
+
+
+# (top-level norm_before_fc, eagle_config.norm_before_fc) of a native SGLang draft that carries a trained
+# input_norm.weight, and what SGLang 0.5.23 builds from that pair: LlamaForCausalLMEagle3.__init__ reads
+# eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False)), so eagle_config wins.
+DISAGREEING_NORM_BEFORE_FC = {
+    "top false, eagle_config true": (False, True),
+    "top true, eagle_config false": (True, False),
+}
+
+
+def _disagreeing_draft(root: Path, top: bool, nested: bool) -> Path:
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=Variant(norm_before_fc=True))
+    checkpoint.config["norm_before_fc"] = top
+    checkpoint.config["eagle_config"]["norm_before_fc"] = nested
+    return write_checkpoint(checkpoint, root)
+
+
+def test_convert_reads_norm_before_fc_as_sglang_does_when_top_level_and_eagle_config_disagree(
+    tmp_path: Path, sglang_python: str
+) -> None:
+    """Where the two norm_before_fc fields disagree, eagle_config's wins, as SGLang's own draft class
+    decides when it loads the unconverted draft (run in .venv-sglang): with eagle_config true SGLang
+    builds input_norm and the converter writes eagle_config.norm_before_fc true; with eagle_config false
+    SGLang builds none and would skip the trained input_norm.weight, so the converter refuses the draft
+    with the field and the fix, and writes nothing."""
+    sources = {
+        case: _disagreeing_draft(tmp_path / case.replace(" ", "-").replace(",", ""), top, nested)
+        for case, (top, nested) in DISAGREEING_NORM_BEFORE_FC.items()
+    }
+    (tmp_path / "params").mkdir()
+    loaded = subprocess.run(
+        [sglang_python, str(REPO / "tests" / "workers" / "sglang_draft_load.py"), str(tmp_path / "params"),
+         *map(str, sources.values())],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    sglang = [json.loads(line) for line in loaded.stdout.splitlines() if line.startswith("{")]
+    assert [load["has_input_norm"] for load in sglang] == [True, False]
+    assert sglang[1]["filled_elements"] < sglang[1]["checkpoint_elements"]  # input_norm.weight skipped
+
+    agreed = convert(sources["top false, eagle_config true"], tmp_path / "agreed")
+    config = json.loads((tmp_path / "agreed" / "config.json").read_text())
+    assert config["eagle_config"]["norm_before_fc"] is True and "norm_before_fc" not in config
+    assert "input_norm.weight" in {t.output for t in agreed.tensors}
+    with pytest.raises(ConversionError) as refused:
+        convert(sources["top true, eagle_config false"], tmp_path / "refused")
+    assert "config.json:norm_before_fc: checkpoint has input_norm.weight" in str(refused.value)
+    assert "(fix: set norm_before_fc: true" in str(refused.value)
+    assert not (tmp_path / "refused").exists()

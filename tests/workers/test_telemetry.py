@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -185,6 +186,122 @@ def test_telemetry_command_says_gpu_sampling_is_off_when_host_has_no_nvidia_gpu(
     assert "GPU sampling off: NVML did not start" in done.stderr
     assert "summary (mean / max over the samples):" in done.stdout
     assert json.dumps({"gpu_off": None}) not in done.stdout
+
+
+class FakeNvml:
+    """NVML's library layer for two H200-like GPUs, in NVML's own units: power in milliwatts, memory in
+    bytes, clocks in MHz, temperature in degrees C, utilisation in percent. GPU 1 does not report its
+    temperature (NVML_ERROR_NOT_SUPPORTED, as some boards do). Installed over nvidia-ml-py's module
+    functions, so everything above them (the sampler, the sampling loop) is the real code."""
+
+    POWER_MW: ClassVar[dict[int, int]] = {0: 412_345, 1: 650_000}
+    USED_BYTES: ClassVar[dict[int, int]] = {0: 85_899_345_920, 1: 1_073_741_824}  # 80 GiB, 1 GiB
+    SM_MHZ: ClassVar[dict[int, int]] = {0: 1980, 1: 345}
+    TEMPERATURE_C: ClassVar[dict[int, int]] = {0: 61}
+    UTILIZATION: ClassVar[dict[int, tuple[int, int]]] = {0: (87, 40), 1: (0, 0)}  # (gpu, memory) percent
+    CLOCKS_EVENTS: ClassVar[dict[int, int]] = {0: 0x4, 1: 0x1}  # software power cap; idle
+
+    def __init__(self) -> None:
+        self.initialised = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import pynvml
+
+        def utilization(handle: int) -> pynvml.c_nvmlUtilization_t:
+            rates = pynvml.c_nvmlUtilization_t()
+            rates.gpu, rates.memory = self.UTILIZATION[handle]
+            return rates
+
+        def memory(handle: int) -> pynvml.c_nvmlMemory_t:
+            info = pynvml.c_nvmlMemory_t()
+            info.used = self.USED_BYTES[handle]
+            return info
+
+        def clock(handle: int, kind: int) -> int:
+            assert kind == pynvml.NVML_CLOCK_SM
+            return self.SM_MHZ[handle]
+
+        def temperature(handle: int, sensor: int) -> int:
+            assert sensor == pynvml.NVML_TEMPERATURE_GPU
+            if handle not in self.TEMPERATURE_C:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return self.TEMPERATURE_C[handle]
+
+        def handle_by_index(index: int) -> int:
+            if index not in self.POWER_MW:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            return index
+
+        def init() -> None:
+            self.initialised += 1
+
+        def shutdown() -> None:
+            self.initialised -= 1
+
+        for name, function in {
+            "nvmlInit": init,
+            "nvmlShutdown": shutdown,
+            "nvmlDeviceGetCount": lambda: len(self.POWER_MW),
+            "nvmlDeviceGetHandleByIndex": handle_by_index,
+            "nvmlDeviceGetUtilizationRates": utilization,
+            "nvmlDeviceGetMemoryInfo": memory,
+            "nvmlDeviceGetPowerUsage": lambda handle: self.POWER_MW[handle],
+            "nvmlDeviceGetClockInfo": clock,
+            "nvmlDeviceGetTemperature": temperature,
+            "nvmlDeviceGetCurrentClocksEventReasons": lambda handle: self.CLOCKS_EVENTS[handle],
+        }.items():
+            monkeypatch.setattr(pynvml, name, function)
+
+
+def test_gpu_sampler_reads_watts_bytes_mhz_and_celsius_when_nvml_answers_in_its_units(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through NVML's library layer (FakeNvml): power_w is NVML's milliwatts / 1000 (412345 mW ->
+    412.345 W), memory_used_bytes NVML's bytes as they are, sm_clock_mhz MHz, temperature_c degrees C,
+    utilisation in percent and the clocks-event bitmask as NVML gives it; one row per GPU (label gpu =
+    the NVML index) and reading, a reading the GPU does not support left out; the sampling loop stores
+    the same values, and NVML is shut down as often as it was started."""
+    from workers.node.telemetry import GpuSampler, SamplerLoop, sample
+
+    nvml = FakeNvml()
+    nvml.install(monkeypatch)
+    sampler = GpuSampler(None)
+    readings = {
+        (json.loads(labels)["gpu"], metric): (kind, value) for metric, kind, labels, value in sampler.sample()
+    }
+    assert readings == {
+        ("0", "gpu_utilization_pct"): ("gauge", 87.0),
+        ("0", "memory_utilization_pct"): ("gauge", 40.0),
+        ("0", "memory_used_bytes"): ("gauge", 85_899_345_920.0),
+        ("0", "power_w"): ("gauge", 412.345),
+        ("0", "sm_clock_mhz"): ("gauge", 1980.0),
+        ("0", "temperature_c"): ("gauge", 61.0),
+        ("0", "throttle_reasons"): ("gauge", 4.0),
+        ("1", "gpu_utilization_pct"): ("gauge", 0.0),
+        ("1", "memory_utilization_pct"): ("gauge", 0.0),
+        ("1", "memory_used_bytes"): ("gauge", 1_073_741_824.0),
+        ("1", "power_w"): ("gauge", 650.0),
+        ("1", "sm_clock_mhz"): ("gauge", 345.0),
+        ("1", "throttle_reasons"): ("gauge", 1.0),
+    }
+    loop = SamplerLoop(sampler, interval_s=0.01)
+    raw = sample([loop], until=lambda: time.sleep(0.05))
+    stored = {(row["labels"], row["metric"]): row["value"] for row in raw.to_pylist()}
+    assert stored[(json.dumps({"gpu": "0"}), "power_w")] == 412.345
+    assert set(raw.column("table").to_pylist()) == {GPU}
+    sampler.close()
+    assert nvml.initialised == 0
+
+
+def test_gpu_sampler_refuses_a_gpu_nvml_does_not_see_when_asked_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Asking for GPU 2 of a host whose NVML sees 2 GPUs is GpuUnavailable, naming what it sees."""
+    from workers.node.telemetry import GpuSampler, GpuUnavailable
+
+    FakeNvml().install(monkeypatch)
+    with pytest.raises(GpuUnavailable, match=r"NVML sees 2 GPU\(s\); asked for \[0, 2\]"):
+        GpuSampler([0, 2])
 
 
 def test_start_profile_writes_placeholder_trace_when_server_is_simulated(

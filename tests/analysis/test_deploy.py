@@ -1,0 +1,146 @@
+"""The load mix, worked by hand: mix scores, what deploy_weights change, and the measured confirmation.
+
+Two closed-loop levels and three configs whose objectives are chosen so every score is a short
+fraction; each test's docstring works the numbers the assertions check, so none repeats the code's
+formula to compute what it expects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from analysis.confirmation import confirm
+from analysis.deploy import ConfigShape, plan_deployment
+from analysis.select import Interval, LevelChoice, RankedConfig, Selection
+
+LOW, HIGH = "concurrency=1", "concurrency=64"
+SHAPES = {
+    "baseline": ConfigShape("baseline", True, None, None),
+    "chain d=4": ConfigShape("chain d=4", False, 3, 1),
+    "tree s=3 k=4": ConfigShape("tree s=3 k=4", False, 3, 4),
+    "adaptive": ConfigShape("adaptive", False, 3, 1),
+}
+CONCURRENCY: dict[str, int | None] = {LOW: 1, HIGH: 64}
+# Throughput (higher is better) per level, best first: the tree wins the low level, the baseline the high.
+THROUGHPUT = {
+    LOW: {"tree s=3 k=4": 125.0, "chain d=4": 100.0, "baseline": 50.0},
+    HIGH: {"baseline": 200.0, "chain d=4": 150.0, "tree s=3 k=4": 100.0},
+}
+# The same ranking as a latency (lower is better): each value is 10000 / the throughput above.
+LATENCY = {
+    level: {label: 10_000.0 / value for label, value in row.items()} for level, row in THROUGHPUT.items()
+}
+
+
+def _ranked(label: str, objective: float, rank: int) -> RankedConfig:
+    return RankedConfig(
+        rank=rank, config_label=label, is_baseline=label == "baseline", repeats=1, job_ids=(label,),
+        objective=objective, objective_mad=None, objective_ci=Interval(objective * 0.98, objective * 1.02),
+        speedup=None, speedup_ci=None, tie=False, difference_ci=None, more_repeats=None, error_rate=0.0,
+        goodput_rps=None, goodput_share=None, slo_values={}, launch_command=None, sglang_argv=None,
+    )  # fmt: skip
+
+
+def _selection(values: dict[str, dict[str, float]], better: str) -> Selection:
+    levels = tuple(
+        LevelChoice(
+            load_level=level,
+            baseline_label="baseline",
+            baseline_objective=row["baseline"],
+            ranked=tuple(
+                _ranked(label, value, rank)
+                for rank, (label, value) in enumerate(
+                    sorted(row.items(), key=lambda item: item[1], reverse=better == "higher"), start=1
+                )
+            ),
+            excluded=(),
+        )
+        for level, row in values.items()
+    )
+    return Selection(
+        sweep_id="s", objective="output_tok_s_per_gpu" if better == "higher" else "e2e_p50_ms",
+        objective_unit="", better=better, slos=(), request_slos=(), confidence=0.95, max_error_rate=0.01,
+        replicates=100, levels=levels, notes=(),
+    )  # fmt: skip
+
+
+SELECTIONS = {"higher": _selection(THROUGHPUT, "higher"), "lower": _selection(LATENCY, "lower")}
+
+
+@pytest.mark.parametrize("better", ["higher", "lower"])
+def test_plan_deployment_scores_the_mix_by_hand_when_levels_weigh_alike(better: str) -> None:
+    """Level scores are each config's share of the level's winner (winner / value for a latency):
+    low level tree 1, chain 100/125 = 0.8, baseline 50/125 = 0.4; high level baseline 1, chain
+    150/200 = 0.75, tree 100/200 = 0.5. Equal weights: tree 0.75, chain (0.8 + 0.75) / 2 = 0.775,
+    baseline 0.7, so the static choice is the chain at 0.775. The adaptive schedule runs the best chain
+    or baseline per level, the chain at the low level and the baseline at the high one:
+    (0.8 + 1) / 2 = 0.9, so it is recommended; batches from ceil(sqrt(1 x 64)) = 8 run the baseline's
+    depth 0, smaller ones the chain's 3 steps, and at the low level it gives up the tree's 1/0.8 = 1.25x."""
+    deployment = plan_deployment(SELECTIONS[better], SHAPES, CONCURRENCY)
+    assert deployment.static.config_label == "chain d=4"
+    assert deployment.static.mix_score == pytest.approx(0.775)
+    assert deployment.static.level_scores == pytest.approx({LOW: 0.8, HIGH: 0.75})
+    adaptive = deployment.adaptive
+    assert adaptive is not None
+    assert adaptive.mix_score == pytest.approx(0.9)
+    assert adaptive.chosen == {LOW: "chain d=4", HIGH: "baseline"}
+    assert adaptive.thresholds == {LOW: 1, HIGH: 8} and adaptive.steps_by_batch_size == {1: 3, 8: 0}
+    assert adaptive.gives_up == {LOW: "'tree s=3 k=4' (1.250x of the schedule's 'chain d=4')"}
+    assert deployment.recommended == "adaptive"
+
+
+@pytest.mark.parametrize("better", ["higher", "lower"])
+def test_plan_deployment_changes_its_verdict_when_deploy_weights_favour_the_low_level(better: str) -> None:
+    """deploy_weights {low: 3, high: 1}: tree (3 x 1 + 0.5) / 4 = 0.875, chain (3 x 0.8 + 0.75) / 4 =
+    0.7875, baseline (3 x 0.4 + 1) / 4 = 0.55, adaptive (3 x 0.8 + 1) / 4 = 0.85: the static choice
+    becomes the tree and the recommendation static (alike weights chose the chain and adaptive). A
+    weight of 0 leaves its level out: {low: 1, high: 0} scores the tree 1 and recommends it."""
+    selection = SELECTIONS[better]
+    weighted = plan_deployment(selection, SHAPES, CONCURRENCY, {LOW: 3.0, HIGH: 1.0})
+    assert weighted.static.config_label == "tree s=3 k=4"
+    assert weighted.static.mix_score == pytest.approx(0.875)
+    assert weighted.adaptive is not None and weighted.adaptive.mix_score == pytest.approx(0.85)
+    assert weighted.recommended == "static"
+    only_low = plan_deployment(selection, SHAPES, CONCURRENCY, {LOW: 1.0, HIGH: 0.0})
+    assert only_low.weights == {LOW: 1.0}
+    assert (only_low.static.config_label, only_low.static.mix_score) == ("tree s=3 k=4", 1.0)
+
+
+def _with_confirmation(sweep: Selection, measured: dict[str, float]) -> Selection:
+    """``sweep`` ranked again with the confirmation launch ("adaptive") at ``measured`` objectives."""
+    levels = []
+    for level in sweep.levels:
+        row = {r.config_label: r.objective for r in level.ranked} | {"adaptive": measured[level.load_level]}
+        levels.append(_selection({level.load_level: row}, sweep.better).levels[0])
+    return dataclasses.replace(sweep, levels=tuple(levels))
+
+
+@pytest.mark.parametrize("better", ["higher", "lower"])
+def test_confirm_recommends_static_when_the_measured_schedule_falls_short_of_its_prediction(
+    better: str,
+) -> None:
+    """The plan predicts the adaptive server at 0.9 on the mix (chain at the low level, baseline at the
+    high). Measured, it reaches 80 of the tree's 125 (0.64) and 150 of the baseline's 200 (0.75) (for a
+    latency 10000/80 and 10000/150): (0.64 + 0.75) / 2 = 0.695 < the best static config's 0.775, so the
+    confirmation recommends static; its interval comes from the levels' intervals (value x 0.98..1.02):
+    (0.6272 + 0.735) / 2 = 0.6811 .. (0.6528 + 0.765) / 2 = 0.7089 for a throughput."""
+    sweep = SELECTIONS[better]
+    measured = {LOW: 80.0, HIGH: 150.0} if better == "higher" else {LOW: 10_000 / 80, HIGH: 10_000 / 150}
+    confirmation = confirm(
+        sweep, _with_confirmation(sweep, measured), "adaptive", "{1: 3, 8: 0}", SHAPES, CONCURRENCY, None
+    )
+    assert plan_deployment(sweep, SHAPES, CONCURRENCY).recommended == "adaptive"
+    assert confirmation.mix_score == pytest.approx(0.695)
+    assert {lc.load_level: lc.of_winner for lc in confirmation.levels} == pytest.approx(
+        {LOW: 0.64, HIGH: 0.75}
+    )
+    assert {lc.load_level: lc.of_best_chain for lc in confirmation.levels} == pytest.approx(
+        {LOW: 0.8, HIGH: 0.75}
+    )
+    assert confirmation.static.config_label == "chain d=4"
+    assert confirmation.recommended == "static"
+    if better == "higher":
+        assert confirmation.mix_ci is not None
+        assert (confirmation.mix_ci.low, confirmation.mix_ci.high) == pytest.approx((0.6811, 0.7089))
