@@ -6,7 +6,8 @@ every fitted number are in ``docs/sim_server.md``; SGLang's own defaults come fr
 
 - A forward pass over ``T`` tokens on one GPU of a ``--tp-size`` group reads its weight shard and the KV of
   its batch once, and does ``2 x active params x T`` FLOPs plus attention: it costs
-  ``max(bytes / (HBM bandwidth x mem_eff), flops / (peak x flop_eff)) + forward_fixed_s``, memory-bound
+  ``max(bytes / (HBM bandwidth x mem_eff), flops / (peak x flop_eff)) + forward_fixed_s`` (+
+  ``target_token_s`` per token for the target's sampling, routing and all-reduce volume), memory-bound
   until ``T`` crosses the roofline knee. A MoE layer reads only the experts its tokens touch:
   ``E x (1 - (1 - k/E) ** T)`` of ``E`` experts with ``k`` per token (uniform routing).
 - CUDA graphs: a decode batch pads up to the next size SGLang captured; above the largest it runs eagerly
@@ -161,6 +162,7 @@ class Preset:
     forward_fixed_s: float  # per target forward: kernel latencies, all-reduces
     draft_fixed_s: float  # per draft forward
     overhead_s: float  # scheduler CPU per iteration
+    target_token_s: float = 0.0  # per token of a target forward beyond the roofline (sampling, routing, comms)
     overlap_hidden: float = 0.0  # share of overhead_s the overlap scheduler hides (topk 1, spec v2)
     eager_s: float = 0.0  # extra per forward without a CUDA graph
     temperature_penalty: float = 0.1  # acceptance lost at temperature 1 (linear)
@@ -209,10 +211,18 @@ class Preset:
 
     # --- costs ----------------------------------------------------------------------------------------
     def forward_seconds(
-        self, model: ModelShape, tokens: int, batch: int, context: int, *, fixed_s: float, eager: bool
+        self,
+        model: ModelShape,
+        tokens: int,
+        batch: int,
+        context: int,
+        *,
+        fixed_s: float,
+        eager: bool,
+        token_s: float = 0.0,
     ) -> float:
         """One forward of ``model`` over ``tokens`` tokens from ``batch`` requests of ``context`` KV tokens
-        each, on one GPU of the TP group (the roofline, plus fixed and eager costs)."""
+        each, on one GPU of the TP group (the roofline, plus fixed, per-token and eager costs)."""
         moe_bytes = model.moe_layers * model.experts_touched(tokens) * model.expert_params
         weight_bytes = (model.always_read_params() + moe_bytes) * model.weight_bytes
         kv_read = batch * context * model.kv_bytes_per_token()
@@ -221,7 +231,7 @@ class Preset:
         flops = 2 * tokens * active + attention
         memory_s = (weight_bytes + kv_read) / self.tp_size / (self.gpu.hbm_bytes_per_s * self.mem_eff)
         compute_s = flops / self.tp_size / (self.gpu.peak_flops * self.flop_eff)
-        return max(memory_s, compute_s) + fixed_s + (self.eager_s if eager else 0.0)
+        return max(memory_s, compute_s) + fixed_s + token_s * tokens + (self.eager_s if eager else 0.0)
 
     def decode_step_seconds(
         self,
@@ -241,7 +251,7 @@ class Preset:
         total = self.overhead_s * (1.0 - hidden)
         if shape is None:
             total += self.forward_seconds(
-                self.target, bs, bs, context, fixed_s=self.forward_fixed_s, eager=eager
+                self.target, bs, bs, context, fixed_s=self.forward_fixed_s, eager=eager, token_s=self.target_token_s
             )
             return total * factor
         n = shape.num_draft_tokens
@@ -251,7 +261,13 @@ class Preset:
                 self.draft, tokens, bs, context, fixed_s=self.draft_fixed_s, eager=eager
             )
         total += self.forward_seconds(
-            self.target, bs * n, bs, context + n, fixed_s=self.forward_fixed_s, eager=eager
+            self.target,
+            bs * n,
+            bs,
+            context + n,
+            fixed_s=self.forward_fixed_s,
+            eager=eager,
+            token_s=self.target_token_s,
         )
         total += self.forward_seconds(self.draft, bs * n, bs, context, fixed_s=self.draft_fixed_s, eager=eager)
         return total * factor
