@@ -162,7 +162,9 @@ class Preset:
     forward_fixed_s: float  # per target forward: kernel latencies, all-reduces
     draft_fixed_s: float  # per draft forward
     overhead_s: float  # scheduler CPU per iteration
-    target_token_s: float = 0.0  # per token of a target forward beyond the roofline (sampling, routing, comms)
+    target_token_s: float = (
+        0.0  # per token of a target forward beyond the roofline (sampling, routing, comms)
+    )
     overlap_hidden: float = 0.0  # share of overhead_s the overlap scheduler hides (topk 1, spec v2)
     eager_s: float = 0.0  # extra per forward without a CUDA graph
     temperature_penalty: float = 0.1  # acceptance lost at temperature 1 (linear)
@@ -251,7 +253,13 @@ class Preset:
         total = self.overhead_s * (1.0 - hidden)
         if shape is None:
             total += self.forward_seconds(
-                self.target, bs, bs, context, fixed_s=self.forward_fixed_s, eager=eager, token_s=self.target_token_s
+                self.target,
+                bs,
+                bs,
+                context,
+                fixed_s=self.forward_fixed_s,
+                eager=eager,
+                token_s=self.target_token_s,
             )
             return total * factor
         n = shape.num_draft_tokens
@@ -269,7 +277,9 @@ class Preset:
             eager=eager,
             token_s=self.target_token_s,
         )
-        total += self.forward_seconds(self.draft, bs * n, bs, context, fixed_s=self.draft_fixed_s, eager=eager)
+        total += self.forward_seconds(
+            self.draft, bs * n, bs, context, fixed_s=self.draft_fixed_s, eager=eager
+        )
         return total * factor
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
@@ -280,9 +290,7 @@ class Preset:
         ) + self.forward_seconds(self.draft, tokens, 1, tokens // 2, fixed_s=self.draft_fixed_s, eager=False)
 
     # --- acceptance -----------------------------------------------------------------------------------
-    def depth_accept_probs(
-        self, shape: DraftShape, temperature: float, category: str
-    ) -> tuple[float, ...]:
+    def depth_accept_probs(self, shape: DraftShape, temperature: float, category: str) -> tuple[float, ...]:
         """Chance each depth of the tree is accepted given the one before was (see the module docstring)."""
         profile = self.acceptance.get(category) or self.acceptance["chat"]
         heat = 1.0 - self.temperature_penalty * min(max(temperature, 0.0), 1.0)
@@ -314,7 +322,9 @@ class Preset:
             probs.append(1.0 - miss)
         return tuple(probs)
 
-    def accept_length(self, shape: DraftShape | None, temperature: float = 0.0, category: str = "chat") -> float:
+    def accept_length(
+        self, shape: DraftShape | None, temperature: float = 0.0, category: str = "chat"
+    ) -> float:
         """Expected tokens per verify step (bonus included); 1 without speculation."""
         if shape is None:
             return 1.0
