@@ -117,7 +117,7 @@ def main() -> int:
         if accept_error is not None and abs(accept_error) > ACCEPT_TOLERANCE:
             failures.append(f"accept length {label}")
         by_level[point.preset, point.source, point.batch].append((point, throughput))
-    for (preset, source, batch), rows in sorted(by_level.items()):
+    for (preset, _, batch), rows in sorted(by_level.items()):
         if len(rows) < 2:
             continue
         published_best = max(p.throughput for p, _ in rows)

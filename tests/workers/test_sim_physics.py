@@ -158,7 +158,7 @@ def test_launch_factor_is_shared_by_every_level_when_drawn_from_one_launch_seed(
 def test_settings_from_env_rejects_preset_when_name_is_unknown():
     """SPECSWEEP_SIM_PRESET must name a preset: a misspelt one is a SpecsweepError listing them."""
     assert settings_from_env({"SPECSWEEP_SIM_PRESET": "llama-3.1-8b-h100"}).preset == "llama-3.1-8b-h100"
-    with pytest.raises(SimSettingsError, match="llama-3.1-8b-h100"):
+    with pytest.raises(SimSettingsError, match=r"llama-3\.1-8b-h100"):
         settings_from_env({"SPECSWEEP_SIM_PRESET": "llama-8b"})
 
 
@@ -194,3 +194,38 @@ def test_presets_cover_four_targets_when_listed():
         "glm-4.7-fp8-mtp-tp8",
     }
     assert PRESETS["llama-3.3-70b-h100x8"].tp_size == 8 and PRESETS["qwen3-235b-a22b-tp8"].target.experts
+
+
+SGLANG_GRAPH_LISTS = """
+import json, sys
+from types import SimpleNamespace
+from sglang.srt.arg_groups.cuda_graph_hook import generate_decode_cuda_graph_batch_sizes as gen
+out = {}
+for max_bs in json.loads(sys.stdin.read()):
+    for algorithm in (None, "EAGLE3"):
+        args = SimpleNamespace(disable_cuda_graph_padding=False, speculative_algorithm=algorithm)
+        out[f"{max_bs}:{algorithm is not None}"] = gen(args, max_bs)
+print(json.dumps(out))
+"""
+
+
+def test_decode_graph_batch_sizes_equal_sglangs_when_generated_for_each_max_bs(sglang_python: str):
+    """The captured lists the physics pads to are SGLang 0.5.23's own
+    (generate_decode_cuda_graph_batch_sizes), with and without speculation, for the memory hook's
+    defaults (8, 32, 48, 160, 256, 512) and sizes off its grid (50, 300, 1000)."""
+    import subprocess
+
+    sizes = [8, 32, 48, 50, 160, 256, 300, 512, 1000]
+    done = subprocess.run(
+        [sglang_python, "-c", SGLANG_GRAPH_LISTS],
+        input=json.dumps(sizes),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for max_bs in sizes:
+        for speculative in (False, True):
+            mine = list(capacity.decode_graph_batch_sizes(max_bs, speculative=speculative))
+            assert mine == theirs[f"{max_bs}:{speculative}"], (max_bs, speculative)

@@ -39,24 +39,14 @@ def default_decode_graph_max_bs(gpu_memory_mib: int, tp_size: int) -> int:
 def decode_graph_batch_sizes(max_bs: int, *, speculative: bool) -> tuple[int, ...]:
     """The decode batch sizes SGLang captures up to ``max_bs`` (``generate_decode_cuda_graph_batch_sizes``)."""
     if speculative:
-        sizes = (
-            list(range(1, 9))
-            + list(range(10, 33, 2))
-            + list(range(40, 65, 4))
-            + list(range(72, 257, 8))
-            + list(range(272, max_bs + 1, 16))
-        )
+        sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8)]
+        sizes += range(272, max_bs + 1, 16)
     else:
-        sizes = (
-            [1, 2, 4, 8, 12]
-            + list(range(16, 257, 8))
-            + list(range(272, 512, 16))
-            + list(range(512, max_bs + 1, 32))
-        )
-    sizes = [bs for bs in sizes if bs <= max_bs]
-    if max_bs not in sizes:
-        sizes.append(max_bs)
-    return tuple(sizes)
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    kept = [bs for bs in sizes if bs <= max_bs]
+    if max_bs not in kept:
+        kept.append(max_bs)
+    return tuple(kept)
 
 
 def captured_batch_sizes(sizes: tuple[int, ...], max_running_requests: int) -> tuple[int, ...]:

@@ -74,7 +74,8 @@ class SimSettings(BaseModel):
 
     profile: SimProfile = Field(default=DEFAULT_PROFILE, description="Costs and acceptance model.")
     preset: str | None = Field(
-        default=None, description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's model."
+        default=None,
+        description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's model.",
     )
     time_scale: float = Field(default=1.0, gt=0, description="Real seconds per simulated second.")
     seed: int = Field(default=0, description="Base seed of the per-request acceptance draws.")
