@@ -62,7 +62,9 @@ def test_experts_touched_grow_with_tokens_when_target_is_moe():
     """8 experts, 2 per token, uniform routing: one token reads 2; two tokens 8 x (1 - 0.75^2) = 3.5;
     1,000 tokens all 8. A forward's weight bytes follow: one MoE layer of 8 experts of 3 x 10 x 10 =
     300 parameters (2 bytes) plus 400 attention parameters reads 800 + 2 x 600 = 2,000 bytes for one
-    token (2.5 s at 800 B/s) and 800 + 3.5 x 600 = 2,900 bytes for two (3.625 s)."""
+    token (2.5 s at 800 B/s) and 800 + 3.5 x 600 = 2,900 bytes for two (3.625 s). A request's draft
+    tokens share experts: with expert_novelty 0.5, one request verifying 3 tokens routes like
+    1 + 2 x 0.5 = 2 independent tokens, so it too reads 3.5 experts (3.625 s)."""
     moe = ModelShape(
         hidden=10,
         layers=1,
@@ -80,6 +82,8 @@ def test_experts_touched_grow_with_tokens_when_target_is_moe():
     preset = toy(target=moe)
     assert preset.forward_seconds(moe, 1, 1, 0, fixed_s=0.0, eager=False) == pytest.approx(2.5)
     assert preset.forward_seconds(moe, 2, 2, 0, fixed_s=0.0, eager=False) == pytest.approx(3.625)
+    local = toy(target=moe, expert_novelty=0.5)
+    assert local.forward_seconds(moe, 3, 1, 0, fixed_s=0.0, eager=False) == pytest.approx(3.625)
 
 
 def test_decode_step_costs_the_larger_captured_size_when_batch_falls_between_two():

@@ -9,7 +9,8 @@ every fitted number are in ``docs/sim_server.md``; SGLang's own defaults come fr
   ``max(bytes / (HBM bandwidth x mem_eff), flops / (peak x flop_eff)) + forward_fixed_s`` (+
   ``target_token_s`` per token for the target's sampling, routing and all-reduce volume), memory-bound
   until ``T`` crosses the roofline knee. A MoE layer reads only the experts its tokens touch:
-  ``E x (1 - (1 - k/E) ** T)`` of ``E`` experts with ``k`` per token (uniform routing).
+  ``E x (1 - (1 - k/E) ** T)`` of ``E`` experts with ``k`` per token (uniform routing), where a request's
+  draft tokens count ``expert_novelty`` each (consecutive tokens of one sequence share experts).
 - CUDA graphs: a decode batch pads up to the next size SGLang captured; above the largest it runs eagerly
   and every forward pays ``eager_s`` more. The verify pass is captured at ``bs x num_draft_tokens`` tokens.
 - A speculative iteration: ``overhead`` (scheduler CPU; the overlap scheduler, ``SGLANG_ENABLE_SPEC_V2``
@@ -125,7 +126,7 @@ class ModelShape:
     def total_params(self) -> int:
         return self.always_read_params() + self.moe_layers * self.experts * self.expert_params
 
-    def experts_touched(self, tokens: int) -> float:
+    def experts_touched(self, tokens: float) -> float:
         """Distinct experts one MoE layer reads for ``tokens`` tokens (each picks k of E uniformly)."""
         if not self.experts:
             return 0.0
@@ -167,6 +168,7 @@ class Preset:
     )
     overlap_hidden: float = 0.0  # share of overhead_s the overlap scheduler hides (topk 1, spec v2)
     eager_s: float = 0.0  # extra per forward without a CUDA graph
+    expert_novelty: float = 1.0  # share of a request's extra tokens (drafts) that route like a new request
     temperature_penalty: float = 0.1  # acceptance lost at temperature 1 (linear)
     mem_fraction_static: float = 0.85
     context_len: int = 8192
@@ -225,7 +227,8 @@ class Preset:
     ) -> float:
         """One forward of ``model`` over ``tokens`` tokens from ``batch`` requests of ``context`` KV tokens
         each, on one GPU of the TP group (the roofline, plus fixed, per-token and eager costs)."""
-        moe_bytes = model.moe_layers * model.experts_touched(tokens) * model.expert_params
+        routed = batch + (tokens - batch) * self.expert_novelty if tokens > batch else tokens
+        moe_bytes = model.moe_layers * model.experts_touched(routed) * model.expert_params
         weight_bytes = (model.always_read_params() + moe_bytes) * model.weight_bytes
         kv_read = batch * context * model.kv_bytes_per_token()
         active = model.always_read_params() + model.moe_layers * model.experts_per_token * model.expert_params
