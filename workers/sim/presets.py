@@ -199,14 +199,14 @@ FITTED: dict[str, dict[str, Any]] = {
     },
     "glm-4.7-fp8-mtp-tp8": {
         "mem_eff": 1.0,
-        "flop_eff": 0.4594,
-        "forward_fixed_s": 0.003394,
-        "draft_fixed_s": 1.026e-07,
-        "overhead_s": 0.007847,
-        "target_token_s": 4.4e-05,
-        "expert_novelty": 0.182,
+        "flop_eff": 0.4599,
+        "forward_fixed_s": 0.003636,
+        "draft_fixed_s": 2.543e-07,
+        "overhead_s": 0.007597,
+        "target_token_s": 4.294e-05,
+        "expert_novelty": 0.162,
         "sibling_recall": SIBLING_PRIOR,
-        "acceptance": categories((0.592, 0.728, 0.726, 0.615, 0.783, 0.784, 0.783, 0.782)),
+        "acceptance": categories((0.589, 0.697, 0.715, 0.611, 0.814, 0.814, 0.813, 0.813)),
     },
 }
 
