@@ -130,7 +130,8 @@ class ModelShape:
         """Distinct experts one MoE layer reads for ``tokens`` tokens (each picks k of E uniformly)."""
         if not self.experts:
             return 0.0
-        return self.experts * (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens)
+        missed: float = (1.0 - self.experts_per_token / self.experts) ** tokens
+        return self.experts * (1.0 - missed)
 
     def kv_bytes_per_token(self) -> float:
         """KV cache bytes one token occupies across all layers (before tensor parallelism)."""
