@@ -168,7 +168,9 @@ def test_settings_from_env_rejects_preset_when_name_is_unknown():
 
 def test_server_runs_preset_when_sim_preset_is_set(tmp_path: Path, kimi_target: Path, eagle3_draft: Path):
     """A server started with SPECSWEEP_SIM_PRESET reports it in /server_info and serves with the
-    preset's acceptance: a 3-step chain's reported accept length is well above 1."""
+    preset's acceptance: a 3-step chain on the Qwen3-235B preset accepts about 1.9 tokens per step (the
+    default profile's chat category, 0.84 at the first depth, would give about 3.4); the draws are seeded,
+    so one request of 64 tokens lands between 1.3 and 2.6."""
     import urllib.request
 
     args = ["--model-path", str(kimi_target), "--tp-size", "8", "--speculative-algorithm", "EAGLE3"]
@@ -185,7 +187,7 @@ def test_server_runs_preset_when_sim_preset_is_set(tmp_path: Path, kimi_target: 
         with urllib.request.urlopen(request, timeout=30) as reply:
             meta = json.loads(reply.read())["meta_info"]
         assert meta["completion_tokens"] == 64
-        assert meta["spec_accept_length"] > 1.5
+        assert 1.3 < meta["spec_accept_length"] < 2.6
 
 
 def test_presets_cover_four_targets_when_listed():
