@@ -129,3 +129,9 @@ def test_doc_names_only_paths_that_exist_when_read(doc: Path) -> None:
         if "*" in path or "<" in path:
             continue
         assert (REPO / path).exists(), f"{doc.name}: {path} does not exist"
+
+
+def test_search_imports_no_simulator_when_learning_from_measurements() -> None:
+    """The search learns from measurements only: nothing in harness/search imports the simulator's model
+    or physics (issue #27: a search sharing the truth's equations proves nothing)."""
+    assert {m for m in _importers_of("workers.sim") if m.startswith("harness.search")} == set()

@@ -33,6 +33,8 @@ from workers.sim.model import (
     prefill_seconds,
     sample_accepted_drafts,
 )
+from workers.sim.physics import launch_factor
+from workers.sim.presets import PRESETS
 from workers.sim.settings import FaultMode, SimSettings
 
 logger = logging.getLogger(__name__)
@@ -154,6 +156,12 @@ class SimEngine:
     ) -> None:
         self.settings = settings
         self.profile: SimProfile = settings.profile
+        # A physics preset (SPECSWEEP_SIM_PRESET) replaces the profile's costs and acceptance; its launch
+        # factor scales every iteration of this launch alike.
+        self.physics = PRESETS[settings.preset] if settings.preset else None
+        self.launch_factor = launch_factor(settings.seed, self.physics.launch_sigma) if self.physics else 1.0
+        if self.physics is not None:
+            max_running_requests = self.physics.running_cap(shape, max_running_requests)
         self.shape = shape  # the launch's shape; an adaptive server drafts a prefix of its chain per batch
         self.adaptive = adaptive
         self.max_running = max_running_requests
@@ -276,16 +284,28 @@ class SimEngine:
             admitted_count = admissions(len(self.waiting), len(self.running), self.max_running)
             if admitted_count:
                 admitted = [self.waiting.popleft() for _ in range(admitted_count)]
-                deadline += round(
-                    prefill_seconds(self.profile, sum(r.prompt_tokens for r in admitted)) * scale_ns
-                )
+                deadline += round(self._prefill_seconds(sum(r.prompt_tokens for r in admitted)) * scale_ns)
                 await timer.sleep_until(deadline)
                 self._finish_prefill(admitted, deadline)
             else:
                 shape = self._decode_shape(len(self.running))
-                deadline += round(decode_step_seconds(self.profile, shape, len(self.running)) * scale_ns)
+                deadline += round(self._decode_seconds(shape) * scale_ns)
                 await timer.sleep_until(deadline)
                 await self._finish_decode(deadline, shape)
+
+    def _prefill_seconds(self, tokens: int) -> float:
+        if self.physics is None:
+            return prefill_seconds(self.profile, tokens)
+        return self.physics.prefill_seconds(tokens) * self.launch_factor
+
+    def _decode_seconds(self, shape: DraftShape | None) -> float:
+        """One decode iteration over the running batch (physics: at the batch's mean context)."""
+        batch = len(self.running)
+        if self.physics is None:
+            return decode_step_seconds(self.profile, shape, batch)
+        context = sum(r.prompt_tokens + len(r.output_ids) for r in self.running) // max(batch, 1)
+        step = self.physics.decode_step_seconds(shape, batch, context, max_running=self.max_running or batch)
+        return step * self.launch_factor
 
     def _decode_shape(self, batch: int) -> DraftShape | None:
         """The shape this decode iteration drafts: the launch's, or the adaptive slot's depth as a topk-1
@@ -382,7 +402,10 @@ class SimEngine:
             return ()
         probs = self._probs_by_content.get((category, temperature))
         if probs is None:
-            probs = depth_accept_probs(self.profile, self.shape, temperature, category)
+            if self.physics is not None:
+                probs = self.physics.depth_accept_probs(self.shape, temperature, category)
+            else:
+                probs = depth_accept_probs(self.profile, self.shape, temperature, category)
             if self.drafts_always_rejected:
                 probs = tuple(0.0 for _ in probs)
             self._probs_by_content[category, temperature] = probs

@@ -252,6 +252,7 @@ class SimServer:
             "frontend": "python",
             "simulator": {
                 "profile": self.settings.profile.model_dump(),
+                "preset": self.settings.preset,
                 "time_scale": self.settings.time_scale,
                 "seed": self.settings.seed,
             },

@@ -6,6 +6,9 @@ does not have comes from the environment:
 ==============================  ==========================================================================
 ``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim.model.SimProfile`` fields);
                                 fields left out keep the default profile's values.
+``SPECSWEEP_SIM_PRESET``        a ``workers.sim.presets.PRESETS`` name: the physics of a real setup (roofline,
+                                CUDA graphs, running cap, per-position acceptance) instead of the profile's
+                                costs and acceptance; the profile still picks content categories.
 ``SPECSWEEP_SIM_TIME_SCALE``    real seconds per simulated second (``0.1`` runs 10x faster). Default 1.
 ``SPECSWEEP_SIM_SEED``          base seed of the per-request acceptance draws. Default 0.
 ``SPECSWEEP_SIM_LOAD_DELAY_S``  real seconds of "weight loading" before the server is ready. Default 0.
@@ -35,8 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specsweep.documents import load_json, load_yaml, yaml_problem
 from specsweep.errors import SpecsweepError
 from workers.sim.model import DEFAULT_PROFILE, SimProfile
+from workers.sim.presets import PRESETS
 
 ENV_PROFILE = "SPECSWEEP_SIM_PROFILE"
+ENV_PRESET = "SPECSWEEP_SIM_PRESET"
 ENV_TIME_SCALE = "SPECSWEEP_SIM_TIME_SCALE"
 ENV_SEED = "SPECSWEEP_SIM_SEED"
 ENV_LOAD_DELAY_S = "SPECSWEEP_SIM_LOAD_DELAY_S"
@@ -72,6 +77,10 @@ class SimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: SimProfile = Field(default=DEFAULT_PROFILE, description="Costs and acceptance model.")
+    preset: str | None = Field(
+        default=None,
+        description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's model.",
+    )
     time_scale: float = Field(default=1.0, gt=0, description="Real seconds per simulated second.")
     seed: int = Field(default=0, description="Base seed of the per-request acceptance draws.")
     load_delay_s: float = Field(default=0.0, ge=0, description="Real seconds before the server is ready.")
@@ -142,6 +151,15 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
     values: dict[str, object] = {}
     if env.get(ENV_PROFILE):
         values["profile"] = load_profile(Path(env[ENV_PROFILE]))
+    preset = env.get(ENV_PRESET)
+    if preset:
+        if preset not in PRESETS:
+            raise SimSettingsError(
+                f"{ENV_PRESET}={preset!r} is not a simulator preset",
+                where=ENV_PRESET,
+                fix=f"use one of {', '.join(sorted(PRESETS))}",
+            )
+        values["preset"] = preset
     for name, key, convert in (
         (ENV_TIME_SCALE, "time_scale", float),
         (ENV_SEED, "seed", int),
