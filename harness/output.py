@@ -16,7 +16,10 @@ import json
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 FORMATS = ("table", "json", "csv")
 
@@ -76,3 +79,19 @@ def _cell(value: Any) -> Any:
     if isinstance(value, list | dict):
         return json.dumps(value, separators=(",", ":"))
     return value
+
+
+# A console's width when its output is not a terminal: wide enough that no cell of a table is ever folded
+PIPE_WIDTH = 100_000
+
+
+def table_console(file: IO[str] | None = None) -> Console:
+    """The rich console for tables people read. On a terminal it wraps to the terminal's width; into a pipe
+    or a file (``| less``, ``> out.txt``, CI logs) rich would fold every cell at 80 columns, cutting job
+    ids and paths across lines, so there it does not wrap at all."""
+    from rich.console import Console
+
+    stream = file if file is not None else sys.stdout
+    if stream.isatty():
+        return Console(file=file)
+    return Console(file=file, width=PIPE_WIDTH)

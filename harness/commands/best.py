@@ -418,6 +418,12 @@ def _num(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
+def _fixed(value: float | None, decimals: int = 2) -> str:
+    """A column's value with the same decimals on every row (significant digits gave 24.1332 beside
+    23.129), so a column of numbers lines up and reads at a glance."""
+    return "-" if value is None else f"{value:.{decimals}f}"
+
+
 def format_selection(selection: Selection) -> str:
     """The human-readable ranking: one block per load level."""
     from analysis.select import share_text
@@ -437,7 +443,7 @@ def format_selection(selection: Selection) -> str:
     for level in selection.levels:
         lines.append("")
         base = (
-            f"baseline {level.baseline_label!r} = {_num(level.baseline_objective)}"
+            f"baseline {level.baseline_label!r} = {_fixed(level.baseline_objective)}"
             if level.baseline_label
             else "no baseline"
         )
@@ -457,9 +463,9 @@ def format_selection(selection: Selection) -> str:
             if r.is_baseline:
                 note = (note + " baseline").strip()
             speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
-            goodput_cells = f" {_num(r.goodput_rps):>10} {_num(r.goodput_share, 3):>6}" if goodput else ""
+            goodput_cells = f" {_fixed(r.goodput_rps):>10} {_fixed(r.goodput_share, 3):>6}" if goodput else ""
             lines.append(
-                f"   {r.rank:>2}  {r.config_label:<22} {_num(r.objective, 6):>22} {_num(r.objective_mad):>8} "
+                f"   {r.rank:>2}  {r.config_label:<22} {_fixed(r.objective):>22} {_fixed(r.objective_mad):>8} "
                 f"{share_text(r.error_rate):>7}{goodput_cells} {speedup:>8}  {ci:<16} {note}"
             )
         lines.extend(_undecided(level, confidence))
@@ -484,9 +490,9 @@ def format_confirmation(confirmation: Confirmation, selection: Selection) -> str
             if lc.of_best_chain is not None
             else ""
         )
-        ci = f" [{lc.objective_ci.low:.4g}, {lc.objective_ci.high:.4g}]" if lc.objective_ci else ""
+        ci = f" [{_fixed(lc.objective_ci.low)}, {_fixed(lc.objective_ci.high)}]" if lc.objective_ci else ""
         lines.append(
-            f"   {lc.load_level}: {selection.objective} {_num(lc.objective, 6)}{ci}, "
+            f"   {lc.load_level}: {selection.objective} {_fixed(lc.objective)}{ci}, "
             f"{lc.of_winner:.3f} of the winner {lc.winner_label!r}{chain}"
         )
         if lc.gives_up:

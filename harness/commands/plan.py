@@ -100,8 +100,9 @@ def _params(p: object) -> str:
 
 
 def print_plan(plan: Plan) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from harness.output import table_console
 
     jobs_of: dict[str, list[str]] = {}
     for job in plan.jobs:
@@ -114,7 +115,7 @@ def print_plan(plan: Plan) -> None:
         if v.config_id and v.reasons:
             detail += "\n" + "; ".join(v.reasons)
         table.add_row(v.point.label, _params(v.point.requested), _params(v.effective), v.status, detail)
-    Console().print(table)
+    table_console().print(table)
 
 
 def run(args: argparse.Namespace) -> int:

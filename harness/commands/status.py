@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.base import Command
-from harness.output import add_format_argument, print_csv, print_json
+from harness.output import add_format_argument, print_csv, print_json, table_console
 from harness.queue import (
     QUEUE_FILE,
     AttemptRow,
@@ -127,7 +127,6 @@ def _print_search(search: dict[str, Any]) -> None:
 def _print(
     sweep_id: str | None, counts: dict[str, int], jobs: list[JobRow], attempts: list[AttemptRow]
 ) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     summary = ", ".join(f"{state} {n}" for state, n in counts.items())
@@ -139,7 +138,7 @@ def _print(
         table.add_row(
             job.id, job.label, job.state, str(job.attempts), "" if job.slot is None else str(job.slot), error
         )
-    console = Console()
+    console = table_console()
     console.print(table)
     failed = [a for a in attempts if a.outcome == "failed"]
     for attempt in failed[-5:]:

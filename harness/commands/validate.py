@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.commands.base import Command
+from harness.output import table_console
 from workers.sglang import ValidationReport, validate
 from workers.sglang.rules import SpecParams
 
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json_dict(), indent=2))
     else:
-        print_human(report, Console())
+        print_human(report, table_console())
     return report.exit_code
 
 

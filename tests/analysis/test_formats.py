@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,21 @@ def test_sql_exits_141_without_a_traceback_when_the_reader_closes_the_pipe(
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, stderr
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr
+
+
+def test_best_prints_each_column_with_one_number_of_decimals_when_ranking(
+    clear_results: tuple[Path, SyntheticSweep], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every ranking row shows its objective and MAD with two decimals and its speedup with three (the
+    objective was printed to 6 significant digits: 24.1332 beside 23.129)."""
+    out, _ = clear_results
+    assert main(["best", str(out), "--bootstrap", "100"]) == 0
+    ranked = [line for line in capsys.readouterr().out.splitlines() if line[3:5].strip().isdigit()]
+    assert len(ranked) >= 4
+    for line in ranked:  # rank, label (may hold spaces), objective, MAD, errors, speedup, interval, note
+        cells = re.search(r" (\S+) +(\S+) +\d+\.\d%  *(\S+) ", line)
+        assert cells is not None, line
+        objective, mad, speedup = cells.groups()
+        assert re.fullmatch(r"\d+\.\d{2}", objective), line
+        assert re.fullmatch(r"\d+\.\d{2}|-", mad), line
+        assert re.fullmatch(r"\d+\.\d{3}x|-", speedup), line
