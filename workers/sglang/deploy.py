@@ -33,6 +33,14 @@ def launch_args(argv: Sequence[str]) -> list[str]:
 
 def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None) -> list[str]:
     """``args`` without a listen address or launch tag, with the model and drafter paths to deploy."""
+    out = _with_value(strip_launch_only(args), MODEL_FLAG, model_path)
+    if draft_path is not None and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out):
+        out = _with_value(out, DRAFT_FLAG, draft_path)
+    return out
+
+
+def strip_launch_only(args: Sequence[str]) -> list[str]:
+    """``args`` without the flags that say where and which launch ran (``LAUNCH_ONLY_FLAGS``)."""
     out: list[str] = []
     skip = False
     for token in args:
@@ -44,10 +52,34 @@ def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None)
             skip = "=" not in token
             continue
         out.append(token)
-    out = _with_value(out, MODEL_FLAG, model_path)
-    if draft_path is not None and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out):
-        out = _with_value(out, DRAFT_FLAG, draft_path)
     return out
+
+
+def changed_flags(measured: Sequence[str], deployed: Sequence[str]) -> dict[str, str | None]:
+    """The flags whose value the deploy launch changed (flag -> the measured value) or left out
+    (flag -> None), in the measured launch's order."""
+    before, after = _flag_values(measured), _flag_values(deployed)
+    return {
+        flag: (value if flag in after else None)
+        for flag, value in before.items()
+        if flag not in after or after[flag] != value
+    }
+
+
+def _flag_values(args: Sequence[str]) -> dict[str, str]:
+    """``--flag value``, ``--flag=value`` and bare ``--flag`` ("") of an argument list."""
+    values: dict[str, str] = {}
+    for i, token in enumerate(args):
+        if not token.startswith("--"):
+            continue
+        name, eq, inline = token.partition("=")
+        if eq:
+            values[name] = inline
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values[name] = args[i + 1]
+        else:
+            values[name] = ""
+    return values
 
 
 def _with_value(args: list[str], flag: str, value: str) -> list[str]:
