@@ -102,9 +102,10 @@ def deploy_launches(
     """Per measured config label, its deploy launch (see the module docstring)."""
     spec = _spec_or_none(con)
     measured = measured_args(con)
-    if spec is None:
+    if spec is None:  # synthetic results: the measured interpreter and paths, minus the listen address
+        python = con.sql("SELECT any_value(sglang_argv[1]) FROM jobs WHERE status = 'done'").fetchall()[0][0]
         return {
-            label: _launch("python3", args, sglang_deploy.strip_launch_only(args), None, NO_SPEC)
+            label: _launch(python or "python3", args, sglang_deploy.strip_launch_only(args), None, NO_SPEC)
             for label, args in measured.items()
         }
     drafter = drafter_target(spec, publish_drafter, emitting=emitting)
