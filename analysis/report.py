@@ -1,20 +1,23 @@
-"""The HTML report: one self-contained file with the winner, its command, tables, and plots.
+"""The HTML report: one self-contained file with the winners, their deploy launches, tables, and plots.
 
-Rendering only: the numbers come from ``analysis.select`` (the ranking) and the DuckDB views. Plots
-are matplotlib SVG inlined into the page; a Content-Security-Policy forbids every fetch, so the file
-opens the same offline, from an e-mail, or years later.
+Rendering only: the numbers come from ``analysis.select`` (the ranking) and the DuckDB views, the deploy
+launches from the caller (the harness builds them from the spec; this layer knows no SGLang flags). Plots
+are interactive plotly.js figures (hover, zoom, a legend that toggles a config); the plotly.js bundle
+that the ``plotly`` package ships is inlined once, and a Content-Security-Policy forbids every fetch, so
+the file opens the same offline, from an e-mail, or years later.
 """
 
 from __future__ import annotations
 
 import html
-import io
+import json
 import os
-import re
 import time
 import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from analysis.schema import GPU_POWER_W, GPU_SM_CLOCK_MHZ
 from analysis.select import Interval, Selection, share_text
@@ -22,8 +25,6 @@ from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
     import duckdb
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
     from analysis.capacity import CapacityChoice
     from analysis.confirmation import Confirmation
@@ -49,8 +50,8 @@ CAPACITY_PLOT = (
 )
 TIMELINE_LEVELS = 6  # columns of the timeline plots at most: the highest loads run
 CDF_POINTS = 101
-_METADATA = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)  # RDF boilerplate, not needed
-_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+# Inline scripts and styles only (plotly.js and each figure's data); nothing may be fetched.
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
 h1 { margin-bottom: 0.2rem; } .meta { color: #666; }
@@ -61,7 +62,44 @@ th:first-child, td:first-child, td.label, th.label { text-align: left; }
 pre { white-space: pre-wrap; word-break: break-all; background: #f6f6f6; padding: 0.6rem; }
 .note { color: #a60; } figure { margin: 1.5rem 0; } figcaption { font-weight: 600; }
 tr.tie td { color: #555; } tr.excluded td { color: #999; }
+.measured, .drafter { color: #555; font-size: 0.9rem; margin: 0.2rem 0; }
+dl.glossary dt { font-weight: 600; } dl.glossary dd { margin: 0 0 0.4rem 1.2rem; }
 """
+# Every term the report (and `specsweep best`) prints without saying what it means.
+GLOSSARY: dict[str, str] = {
+    "baseline": "the same server without speculative decoding; speedups are over it",
+    "speedup": "a config's objective over the baseline's at the same level (throughput: higher is better)",
+    "CI": "confidence interval from a bootstrap: requests resampled within each launch, launches resampled "
+    "with replacement, so launch-to-launch noise widens it",
+    "tie / not distinguishable": "the interval of the difference to the winner holds 0: the data cannot "
+    "tell the two apart",
+    "MAD": "median absolute deviation of the objective over repeats (launches): how much a launch varies",
+    "accept length": "tokens emitted per verify step (1 = every draft rejected); higher means the drafter "
+    "guesses better",
+    "TTFT / TPOT": "time to first token / time per output token after the first (ms)",
+    "goodput": "requests per second that succeeded within the per-request SLOs",
+    "mix score": "a config's objective at each level as a fraction of that level's winner, averaged with "
+    "the spec's deploy_weights (1 = wins every level)",
+    "MRR": "--max-running-requests: how many requests the server batches at most",
+    "slot": "the GPUs one server runs on (gpus_per_server of a node)",
+    "leased": "a job taken from the queue by a node worker, which must renew its lease or the job is "
+    "retried elsewhere",
+    "client-added delay": "the load generator's own delay between a chunk leaving a loopback server and its "
+    "time stamp (calibrated before the sweep): the floor under every latency measured",
+    "Pareto front": "the config x level points no other point beats in both per-user and per-GPU tokens/s",
+    "capacity": "the highest load at which a config still met the capacity SLO",
+}
+
+
+class LaunchText(Protocol):
+    """A config's launch to deploy as the harness built it (``harness.deploy_launch.DeployLaunch``)."""
+
+    @property
+    def command(self) -> str: ...
+    @property
+    def differed(self) -> str | None: ...
+    @property
+    def drafter_note(self) -> str | None: ...
 
 
 def render_report(
@@ -69,37 +107,48 @@ def render_report(
     selection: Selection,
     server_series: tuple[tuple[str, str], ...] = (),
     confirmation: Confirmation | None = None,
+    *,
+    launches: Mapping[str, LaunchText],
+    extra_sections: Sequence[str] = (),
 ) -> str:
     """The report page for ``selection`` over the results behind ``con``. ``server_series`` are the
-    ``server_metrics`` samples to plot over time as (metric name, axis label): the server's names are
-    the caller's knowledge (the harness passes SGLang's), not this layer's."""
-    colors = _config_colors(con)
+    ``server_metrics`` samples to plot over time as (metric name, axis label), and ``launches`` each
+    config's launch to deploy: the server's names and flags are the caller's knowledge (the harness
+    passes SGLang's), not this layer's. ``extra_sections`` (HTML) follow the deployment section: the
+    place for a comparison with other sweeps."""
+    styles = _config_styles(con)
     featured = _featured_jobs(con, selection)
     gpu_series = ((GPU_POWER_W, "GPU power (W)"), (GPU_SM_CLOCK_MHZ, "SM clock (MHz)"))
     sections = [
         _header(con, selection),
-        _winners(selection),
+        _winners(selection, launches),
         _tables(selection),
         _categories(con),
         _deployment(con, selection, confirmation),
-        _capacity(con, colors),
-        _figure("plot-throughput", _throughput_plot(con, colors)),
-        _figure("plot-tpot", _tpot_plot(con, colors)),
-        _figure("plot-accept-length", _accept_length_plot(con, colors)),
-        _figure("plot-acceptance-position", _acceptance_position_plot(con, colors)),
-        _figure("plot-latency-cdf", _latency_cdf_plot(con, colors, _cdf_level(selection))),
-        _figure("plot-pareto", _pareto_plot(con, colors)),
+        *extra_sections,
+        _capacity(con, styles),
+        _figure("plot-throughput", _throughput_plot(con, styles)),
+        _figure("plot-tpot", _tpot_plot(con, styles)),
+        _figure("plot-accept-length", _accept_length_plot(con, styles)),
+        _figure("plot-acceptance-position", _acceptance_position_plot(con, styles)),
+        _figure("plot-latency-cdf", _latency_cdf_plot(con, styles, _cdf_level(selection))),
+        _figure("plot-pareto", _pareto_plot(con, styles)),
         _figure(
-            "plot-server-timeline", _timeline_plot(con, colors, featured, "server_metrics", server_series)
+            "plot-server-timeline",
+            _timeline_plot(con, styles, featured, "plot-server-timeline", "server_metrics", server_series),
         ),
-        _figure("plot-gpu-timeline", _timeline_plot(con, colors, featured, "gpu_metrics", gpu_series)),
+        _figure(
+            "plot-gpu-timeline",
+            _timeline_plot(con, styles, featured, "plot-gpu-timeline", "gpu_metrics", gpu_series),
+        ),
+        _glossary(),
     ]
     title = f"specsweep report: {html.escape(selection.sweep_id)}"
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{_CSP}\">"
-        f"<title>{title}</title><style>{_STYLE}</style></head><body>\n"
-        + "\n".join(sections)
+        f"<title>{title}</title><style>{_STYLE}</style><script>{_plotly_js()}</script></head><body>\n"
+        + "\n".join(section for section in sections if section)
         + "\n</body></html>\n"
     )
 
@@ -150,8 +199,12 @@ def _header(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
     )
 
 
-def _winners(selection: Selection) -> str:
-    parts = ["<section id='winner'><h2>Winner per load level</h2>"]
+def _winners(selection: Selection, launches: Mapping[str, LaunchText]) -> str:
+    parts = [
+        "<section id='winner'><h2>Winner per load level</h2><p class='meta'>Each launch is the one to "
+        "deploy: the spec's model and drafter paths, no listen address; where the measured launch "
+        "differed is said under it.</p>"
+    ]
     for level in selection.levels:
         w = level.winner
         if w is None:
@@ -176,11 +229,28 @@ def _winners(selection: Selection) -> str:
             f"<b>{html.escape(level.load_level)}</b>: "
             f"<span class='winner-label'>{html.escape(w.config_label)}</span>, "
             f"{html.escape(selection.objective)} = {_fmt(w.objective)}, {html.escape(speedup)}"
-            f"{html.escape(tie_text)}<pre>{html.escape(w.launch_command or '(launch command unknown)')}</pre>"
-            "</div>"
+            f"{html.escape(tie_text)}{_launch_html(launches.get(w.config_label))}</div>"
         )
     parts.append("</section>")
     return "".join(parts)
+
+
+def _launch_html(launch: LaunchText | None) -> str:
+    if launch is None:
+        return "<pre class='launch'>(launch command unknown)</pre>"
+    out = f"<pre class='launch'>{html.escape(launch.command)}</pre>"
+    if launch.differed:
+        out += f"<p class='measured'>measured launch differed: {html.escape(launch.differed)}</p>"
+    if launch.drafter_note:
+        out += f"<p class='drafter'>drafter: {html.escape(launch.drafter_note)}</p>"
+    return out
+
+
+def _glossary() -> str:
+    terms = "".join(
+        f"<dt>{html.escape(term)}</dt><dd>{html.escape(text)}</dd>" for term, text in GLOSSARY.items()
+    )
+    return f"<section id='glossary'><h2>Glossary</h2><dl class='glossary'>{terms}</dl></section>"
 
 
 def _tables(selection: Selection) -> str:
@@ -227,6 +297,8 @@ def _categories(con: duckdb.DuckDBPyConnection) -> str:
         "SELECT load_level, config_label, category, accept_length_mean, speedup FROM category_results "
         "ORDER BY load_level, config_label, category"
     ).fetchall()
+    if not rows:
+        return ""  # no section to scroll past when no request carried a category
     categories = sorted({r[2] for r in rows})
     parts = [
         "<section id='categories'><h2>Accept length and speedup per category</h2>"
@@ -249,7 +321,7 @@ def _categories(con: duckdb.DuckDBPyConnection) -> str:
     return "".join(parts)
 
 
-def _capacity(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+def _capacity(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
     """The capacity search's answer per config, and its probes (empty without a capacity search)."""
     from analysis.capacity import capacity_text, rank_by_capacity
 
@@ -272,32 +344,52 @@ def _capacity(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]
     element_id, caption = CAPACITY_PLOT
     parts.append(
         f"<figure id='{element_id}'><figcaption>{html.escape(caption)}</figcaption>"
-        f"{_capacity_plot(con, colors, choices)}</figure></section>"
+        f"{_capacity_plot(con, styles, choices)}</figure></section>"
     )
     return "".join(parts)
 
 
 def _capacity_plot(
-    con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]], choices: list[CapacityChoice]
+    con: duckdb.DuckDBPyConnection, styles: dict[str, Style], choices: list[CapacityChoice]
 ) -> str:
     probes = con.sql(
         "SELECT j.config_label, c.probe_load, c.passed FROM capacity c JOIN jobs j USING (sweep_id, job_id) "
         "WHERE j.status = 'done' ORDER BY c.probe_index"
     ).fetchall()
-    fig = _new_figure(height=3.6)
-    ax = fig.add_subplot()
-    for x, choice in enumerate(choices):
-        color, _ = colors.get(choice.config_label, ("#888888", "-"))
-        if choice.capacity is not None:
-            ax.bar(x, choice.capacity, width=0.6, color=color, alpha=0.35)
+    labels = [c.config_label for c in choices]
+    traces: list[dict[str, Any]] = [
+        {
+            "type": "bar",
+            "name": "capacity",
+            "x": labels,
+            "y": [c.capacity for c in choices],
+            "marker": {"color": [_style(styles, label).color for label in labels], "opacity": 0.35},
+            "hovertemplate": "%{x}: capacity %{y:.4g}<extra></extra>",
+        }
+    ]
+    for choice in choices:
+        style = _style(styles, choice.config_label)
         loads = [(load, passed) for label, load, passed in probes if label == choice.config_label]
-        for load, passed in loads:
-            ax.scatter(x, load, s=24, edgecolors=color, facecolors=color if passed else "none", zorder=3)
-    ax.set_xticks(range(len(choices)), [c.config_label for c in choices])
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": choice.config_label,
+                "x": [choice.config_label] * len(loads),
+                "y": [load for load, _ in loads],
+                "text": ["SLOs held" if passed else "missed" for _, passed in loads],
+                "marker": {
+                    "color": [style.color if passed else "rgba(0,0,0,0)" for _, passed in loads],
+                    "line": {"color": style.color, "width": 1.5},
+                    "size": 9,
+                    "symbol": style.symbol,
+                },
+                "hovertemplate": "%{x} probe at %{y:.4g}: %{text}<extra></extra>",
+            }
+        )
     unit = "requests/s" if choices[0].kind == "rate" else "concurrency"
-    ax.set_ylabel(f"load ({unit})")
-    ax.grid(alpha=0.3, axis="y")
-    return _svg(fig)
+    layout = {"height": 360, "yaxis": {"title": {"text": f"load ({unit})"}}, "showlegend": False}
+    return _plot(CAPACITY_PLOT[0], traces, layout)
 
 
 def _deployment(
@@ -380,51 +472,111 @@ def _ci(interval: Interval | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Plots
+# Plots: plotly.js figures (data and layout as JSON), drawn by the bundle inlined once in the page's head
 # ---------------------------------------------------------------------------------------------------
 
+# A qualitative palette of well-separated hues (D3's category10); past ten configs the colors repeat
+# with another dash and marker, so no two configs look alike. Baselines are black and dashed.
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+DASHES = ("solid", "dot", "dashdot", "longdash")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up")
+BASELINE_STYLE = ("#000000", "dash", "x")
+_PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
+_FONT = {"family": "system-ui, sans-serif", "size": 12}
 
-def _figure(element_id: str, svg: str) -> str:
+
+@dataclass(frozen=True)
+class Style:
+    """How one config is drawn everywhere in the report."""
+
+    color: str
+    dash: str
+    symbol: str
+
+
+def _plotly_js() -> str:
+    """The plotly.js bundle the Python package ships (offline: nothing is fetched)."""
+    from plotly.offline import get_plotlyjs
+
+    return str(get_plotlyjs())
+
+
+def _figure(element_id: str, body: str) -> str:
     caption = html.escape(PLOTS[element_id])
-    return f"<figure id='{element_id}'><figcaption>{caption}</figcaption>{svg}</figure>"
+    return f"<figure id='{element_id}'><figcaption>{caption}</figcaption>{body}</figure>"
 
 
-def _new_figure(width: float = 9.0, height: float = 4.2) -> Figure:
-    from matplotlib.figure import Figure
+def _plot(element_id: str, traces: list[dict[str, Any]], layout: dict[str, Any]) -> str:
+    """A div and the script that draws ``traces`` into it (JSON with ``</`` escaped for the page)."""
+    div = f"{element_id}-div"
+    full_layout = {
+        "font": _FONT,
+        "margin": {"l": 60, "r": 20, "t": 30, "b": 50},
+        "hovermode": "closest",
+        "legend": {"font": {"size": 11}},
+        **layout,
+    }
+    payload = ", ".join(
+        json.dumps(part, allow_nan=False).replace("</", "<\\/")
+        for part in (traces, full_layout, _PLOT_CONFIG)
+    )
+    return (
+        f"<div class='plot' id='{div}' style='height:{layout.get('height', 420)}px'></div>"
+        f"<script>Plotly.newPlot('{div}', {payload});</script>"
+    )
 
-    return Figure(figsize=(width, height), layout="constrained")
+
+def _not_drawn(why: str) -> str:
+    """One line in place of a plot with nothing to draw."""
+    return f"<p class='note not-drawn'>{html.escape(why)}</p>"
 
 
-def _svg(fig: Figure) -> str:
-    """The figure as inline SVG (text as paths: no fonts to fetch)."""
-    import matplotlib
-
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "specsweep"}):
-        fig.savefig(buffer, format="svg", metadata={"Date": None})
-    text = buffer.getvalue()
-    return _METADATA.sub("", text[text.index("<svg") :])
-
-
-def _config_colors(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, str]]:
-    """A stable color and line style per config label; baselines are black and dashed."""
-    from matplotlib import colormaps
-
+def _config_styles(con: duckdb.DuckDBPyConnection) -> dict[str, Style]:
+    """A stable, distinct style per config label (see ``PALETTE``); baselines are black and dashed."""
     rows = con.sql(
         "SELECT config_label, bool_and(effective_speculative_algorithm IS NULL) FROM results "
         "GROUP BY config_label ORDER BY config_label"
     ).fetchall()
-    palette = colormaps["tab20"].colors  # type: ignore[attr-defined]
-    styles: dict[str, tuple[str, str]] = {}
+    return config_styles([(label, bool(baseline)) for label, baseline in rows])
+
+
+def config_styles(labels: list[tuple[str, bool]]) -> dict[str, Style]:
+    """Styles for (label, is_baseline) in order: the n-th config gets ``PALETTE[n % 10]`` with the
+    ``n // 10``-th dash and marker."""
+    styles: dict[str, Style] = {}
     index = 0
-    for label, baseline in rows:
+    for label, baseline in labels:
         if baseline:
-            styles[label] = ("#000000", "--")
-        else:
-            r, g, b = palette[index % len(palette)][:3]
-            styles[label] = (f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}", "-")
-            index += 1
+            styles[label] = Style(*BASELINE_STYLE)
+            continue
+        cycle = index // len(PALETTE)
+        styles[label] = Style(
+            PALETTE[index % len(PALETTE)], DASHES[cycle % len(DASHES)], SYMBOLS[cycle % len(SYMBOLS)]
+        )
+        index += 1
     return styles
+
+
+def _style(styles: dict[str, Style], label: str) -> Style:
+    return styles.get(label, Style("#888888", "solid", "circle"))
+
+
+def _line(label: str, style: Style, xs: list[Any], ys: list[Any], **extra: Any) -> dict[str, Any]:
+    """One config's line trace (its legend entry toggles it in every panel of the plot)."""
+    return {
+        "type": "scatter",
+        "mode": "lines+markers",
+        "name": label,
+        "legendgroup": label,
+        "x": xs,
+        "y": ys,
+        "line": {"color": style.color, "dash": style.dash, "width": 2},
+        "marker": {"color": style.color, "symbol": style.symbol, "size": 6},
+        **extra,
+    }
 
 
 def _series(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, tuple[list[float], list[float]]]:
@@ -442,36 +594,40 @@ def _series(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, tuple[list
 
 
 def _line_plot(
-    con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]], column: str, ylabel: str
+    con: duckdb.DuckDBPyConnection, styles: dict[str, Style], element_id: str, column: str, ylabel: str
 ) -> str:
-    fig = _new_figure()
-    ax = fig.add_subplot()
     series = _series(con, column)
-    for label, (xs, ys) in series.items():
-        color, style = colors.get(label, ("#888888", "-"))
-        ax.plot(xs, ys, style, color=color, marker="o", markersize=3, label=label)
-    ax.set_xscale("log", base=2)
+    if not series:
+        return _not_drawn("no closed-loop level was measured (open-loop levels have no concurrency axis)")
+    traces = [
+        _line(
+            label,
+            _style(styles, label),
+            xs,
+            ys,
+            hovertemplate=f"{label}<br>concurrency %{{x}}<br>{ylabel} %{{y:.4g}}<extra></extra>",
+        )
+        for label, (xs, ys) in series.items()
+    ]
     ticks = sorted({x for xs, _ in series.values() for x in xs})
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _svg(fig)
+    layout = {
+        "xaxis": {
+            "title": {"text": "concurrency"},
+            "type": "log",
+            "tickvals": ticks,
+            "ticktext": [str(t) for t in ticks],
+        },
+        "yaxis": {"title": {"text": ylabel}},
+    }
+    return _plot(element_id, traces, layout)
 
 
-def _legend(ax: Axes) -> None:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+def _throughput_plot(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
+    return _line_plot(con, styles, "plot-throughput", "output_tok_s_per_gpu", "output tokens/s per GPU")
 
 
-def _throughput_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
-    return _line_plot(con, colors, "output_tok_s_per_gpu", "output tokens/s per GPU")
-
-
-def _tpot_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
-    return _line_plot(con, colors, "tpot_p50_ms", "TPOT p50 (ms)")
+def _tpot_plot(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
+    return _line_plot(con, styles, "plot-tpot", "tpot_p50_ms", "TPOT p50 (ms)")
 
 
 def _summed_lists(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, list[int]]:
@@ -487,37 +643,45 @@ def _summed_lists(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, list
     return sums
 
 
-def _accept_length_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+def _accept_length_plot(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
     from analysis.schema import ACCEPT_LENGTH_BIN_WIDTH
 
-    fig = _new_figure()
-    ax = fig.add_subplot()
-    for label, counts in _summed_lists(con, "accept_length_hist").items():
+    hists = _summed_lists(con, "accept_length_hist")
+    if not hists:
+        return _not_drawn("no speculative config reported accept lengths")
+    traces = []
+    for label, counts in hists.items():
         total = sum(counts) or 1
         xs = [(i + 0.5) * ACCEPT_LENGTH_BIN_WIDTH for i in range(len(counts))]
-        color, _ = colors.get(label, ("#888888", "-"))
-        ax.plot(xs, [c / total for c in counts], color=color, drawstyle="steps-mid", label=label)
-    ax.set_xlabel("accept length (tokens per verify step, per request)")
-    ax.set_ylabel("fraction of requests")
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _svg(fig)
+        style = _style(styles, label)
+        traces.append(
+            {
+                **_line(label, style, xs, [c / total for c in counts]),
+                "mode": "lines",
+                "line": {"color": style.color, "dash": style.dash, "shape": "hvh", "width": 2},
+            }
+        )
+    layout = {
+        "xaxis": {"title": {"text": "accept length (tokens per verify step, per request)"}},
+        "yaxis": {"title": {"text": "fraction of requests"}},
+    }
+    return _plot("plot-accept-length", traces, layout)
 
 
-def _acceptance_position_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
-    fig = _new_figure()
-    ax = fig.add_subplot()
-    for label, steps in _summed_lists(con, "correct_drafts_histogram").items():
+def _acceptance_position_plot(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
+    hists = _summed_lists(con, "correct_drafts_histogram")
+    if not hists:
+        return _not_drawn("no speculative config reported its correct-drafts histogram")
+    traces = []
+    for label, steps in hists.items():
         total = sum(steps) or 1
         tail = [sum(steps[k:]) / total for k in range(1, len(steps))]
-        color, _ = colors.get(label, ("#888888", "-"))
-        ax.plot(range(1, len(steps)), tail, color=color, marker="o", markersize=3, label=label)
-    ax.set_xlabel("draft position k")
-    ax.set_ylabel("P(verify step accepts >= k drafts)")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _svg(fig)
+        traces.append(_line(label, _style(styles, label), list(range(1, len(steps))), tail))
+    layout = {
+        "xaxis": {"title": {"text": "draft position k"}, "dtick": 1},
+        "yaxis": {"title": {"text": "P(verify step accepts >= k drafts)"}, "range": [0, 1.02]},
+    }
+    return _plot("plot-acceptance-position", traces, layout)
 
 
 def _cdf_level(selection: Selection) -> str | None:
@@ -525,57 +689,89 @@ def _cdf_level(selection: Selection) -> str | None:
     return selection.levels[-1].load_level if selection.levels else None
 
 
-def _latency_cdf_plot(
-    con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]], level: str | None
-) -> str:
+def _latency_cdf_plot(con: duckdb.DuckDBPyConnection, styles: dict[str, Style], level: str | None) -> str:
+    if level is None:
+        return _not_drawn("no level was ranked")
     probs = [i / (CDF_POINTS - 1) for i in range(CDF_POINTS)]
-    fig = _new_figure(height=4.0)
-    axes = fig.subplots(1, 2)
-    if level is not None:
-        rows = con.sql(
-            "SELECT j.config_label, quantile_cont(r.ttft_ms, ?), quantile_cont(r.tpot_ms, ?) "
-            "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
-            "WHERE j.status = 'done' AND r.load_level = ? AND r.in_window AND r.error_type IS NULL "
-            "GROUP BY j.config_label ORDER BY j.config_label",
-            params=[probs, probs, level],
-        ).fetchall()
-        for label, ttft, tpot in rows:
-            color, style = colors.get(label, ("#888888", "-"))
-            for ax, values in zip(axes, (ttft, tpot), strict=True):
-                if values is not None:
-                    ax.plot(values, probs, style, color=color, label=label)
-    for ax, name in zip(axes, ("TTFT (ms)", "TPOT (ms)"), strict=True):
-        ax.set_xlabel(name)
-        ax.set_ylabel("fraction of requests")
-        ax.set_title(f"at {level}" if level else "no data", fontsize=9)
-        ax.grid(alpha=0.3)
-    _legend(axes[1])
-    return _svg(fig)
+    rows = con.sql(
+        "SELECT j.config_label, quantile_cont(r.ttft_ms, ?), quantile_cont(r.tpot_ms, ?) "
+        "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
+        "WHERE j.status = 'done' AND r.load_level = ? AND r.in_window AND r.error_type IS NULL "
+        "GROUP BY j.config_label ORDER BY j.config_label",
+        params=[probs, probs, level],
+    ).fetchall()
+    traces = []
+    for label, ttft, tpot in rows:
+        style = _style(styles, label)
+        for axis, values in (("", ttft), ("2", tpot)):
+            if values is not None:
+                traces.append(
+                    {
+                        **_line(label, style, values, probs, xaxis=f"x{axis}", yaxis=f"y{axis}"),
+                        "mode": "lines",
+                        "showlegend": axis == "",
+                    }
+                )
+    layout = {
+        "xaxis": {"title": {"text": f"TTFT (ms) at {level}"}, "domain": [0, 0.46]},
+        "yaxis": {"title": {"text": "fraction of requests"}},
+        "xaxis2": {"title": {"text": f"TPOT (ms) at {level}"}, "domain": [0.54, 1]},
+        "yaxis2": {"anchor": "x2", "matches": "y"},
+    }
+    return _plot("plot-latency-cdf", traces, layout)
 
 
-def _pareto_plot(con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]]) -> str:
+def _short_level(level: str) -> str:
+    """A level's name as a point label: concurrency=64 -> c=64, rate=2.5 -> r=2.5."""
+    name, eq, value = level.partition("=")
+    return f"{name[0]}={value}" if eq and name else level
+
+
+def _pareto_plot(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
     rows = con.sql(
         "SELECT config_label, load_level, median(output_tok_s_per_user), median(output_tok_s_per_gpu) "
         "FROM results GROUP BY ALL HAVING median(output_tok_s_per_user) IS NOT NULL "
-        "AND median(output_tok_s_per_gpu) IS NOT NULL"
+        "AND median(output_tok_s_per_gpu) IS NOT NULL ORDER BY config_label, min(concurrency), load_level"
     ).fetchall()
-    fig = _new_figure()
-    ax = fig.add_subplot()
+    if not rows:
+        return _not_drawn("no level has both per-user and per-GPU throughput")
+    traces = []
     for label in sorted({r[0] for r in rows}):
-        xs = [r[2] for r in rows if r[0] == label]
-        ys = [r[3] for r in rows if r[0] == label]
-        color, _ = colors.get(label, ("#888888", "-"))
-        ax.scatter(xs, ys, s=14, color=color, label=label)
-    front = pareto_front([(r[2], r[3]) for r in rows])
-    if front:
-        ax.plot(
-            [p[0] for p in front], [p[1] for p in front], "-", color="#d62728", lw=1.5, label="Pareto front"
+        mine = [r for r in rows if r[0] == label]
+        style = _style(styles, label)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers+text",
+                "name": label,
+                "x": [r[2] for r in mine],
+                "y": [r[3] for r in mine],
+                "text": [_short_level(r[1]) for r in mine],
+                "customdata": [r[1] for r in mine],
+                "textposition": "top center",
+                "textfont": {"size": 10, "color": style.color},
+                "marker": {"color": style.color, "symbol": style.symbol, "size": 9},
+                "hovertemplate": f"{label} at %{{customdata}}<br>per user %{{x:.4g}} tok/s<br>"
+                "per GPU %{y:.4g} tok/s<extra></extra>",
+            }
         )
-    ax.set_xlabel("per-user output tokens/s (median over requests)")
-    ax.set_ylabel("output tokens/s per GPU")
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _svg(fig)
+    front = pareto_front([(r[2], r[3]) for r in rows])
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "Pareto front",
+            "x": [p[0] for p in front],
+            "y": [p[1] for p in front],
+            "line": {"color": "#444444", "width": 1.5},
+            "hoverinfo": "skip",
+        }
+    )
+    layout = {
+        "xaxis": {"title": {"text": "per-user output tokens/s (median over requests)"}},
+        "yaxis": {"title": {"text": "output tokens/s per GPU"}},
+    }
+    return _plot("plot-pareto", traces, layout)
 
 
 def _featured_jobs(con: duckdb.DuckDBPyConnection, selection: Selection) -> dict[str, str]:
@@ -597,13 +793,14 @@ def _featured_jobs(con: duckdb.DuckDBPyConnection, selection: Selection) -> dict
 
 def _timeline_plot(
     con: duckdb.DuckDBPyConnection,
-    colors: dict[str, tuple[str, str]],
+    styles: dict[str, Style],
     featured: dict[str, str],
+    element_id: str,
     table: str,
     series: tuple[tuple[str, str], ...],
 ) -> str:
     """One row per metric, one column per level (in the order they ran): value over ``time_s``, the mean
-    over label sets (GPUs, ranks) at each sample; or why there is nothing to draw."""
+    over label sets (GPUs, ranks) at each sample; or one line saying why there is nothing to draw."""
     jobs = list(featured.values())
     rows = con.execute(
         f"SELECT j.config_label, t.load_level, t.metric, t.time_s, avg(t.value), min(t.time_unix_ns) "
@@ -624,36 +821,52 @@ def _timeline_plot(
             [jobs],
         ).fetchall()
         why = "; ".join(r[0] for r in reasons) or "no samples for the featured jobs"
-        fig = _new_figure(height=1.2)
-        ax = fig.add_subplot()
-        ax.text(0.5, 0.5, "not sampled", ha="center", va="center", color="#a60")
-        ax.set_axis_off()
-        return f"<p class='note'>not sampled: {html.escape(why)}</p>{_svg(fig)}"
-    fig = _new_figure(height=1.9 * len(series) + 0.6)
-    axes = fig.subplots(len(series), len(levels), squeeze=False, sharex="col")
+        return _not_drawn(f"not sampled: {why}")
     points: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
     for label, level, metric, time_s, value, _ in rows:
         xs, ys = points.setdefault((label, level, metric), ([], []))
         xs.append(time_s)
         ys.append(value)
+    gap = 0.04
+    width = (1 - gap * (len(levels) - 1)) / len(levels)
+    height = (1 - 0.08 * (len(series) - 1)) / len(series)
+    traces: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {"height": 170 * len(series) + 90, "annotations": []}
+    shown: set[str] = set()
     for row, (metric, ylabel) in enumerate(series):
         for column, level in enumerate(levels):
-            ax = axes[row][column]
+            n = row * len(levels) + column + 1
+            suffix = "" if n == 1 else str(n)
+            top = 1 - row * (height + 0.08)
+            layout[f"xaxis{suffix}"] = {
+                "domain": [column * (width + gap), column * (width + gap) + width],
+                "anchor": f"y{suffix}",
+                "title": {"text": "s into the level"} if row == len(series) - 1 else {},
+            }
+            layout[f"yaxis{suffix}"] = {
+                "domain": [top - height, top],
+                "anchor": f"x{suffix}",
+                "title": {"text": ylabel, "font": {"size": 10}} if column == 0 else {},
+            }
+            if row == 0:
+                layout["annotations"].append(
+                    {"text": level, "showarrow": False, "xref": f"x{suffix} domain", "yref": f"y{suffix} domain",
+                     "x": 0.5, "y": 1.12, "font": {"size": 11}}
+                )  # fmt: skip
             for label in featured:
                 if (label, level, metric) in points:
-                    color, style = colors.get(label, ("#888888", "-"))
                     xs, ys = points[(label, level, metric)]
-                    ax.plot(xs, ys, style, color=color, linewidth=1, label=label)
-            ax.grid(alpha=0.3)
-            ax.tick_params(labelsize=7)
-            if row == 0:
-                ax.set_title(level, fontsize=8)
-            if row == len(series) - 1:
-                ax.set_xlabel("s into the level", fontsize=8)
-            if column == 0:
-                ax.set_ylabel(ylabel, fontsize=8)
-    _legend(axes[0][-1])
-    return _svg(fig)
+                    traces.append(
+                        {
+                            **_line(
+                                label, _style(styles, label), xs, ys, xaxis=f"x{suffix}", yaxis=f"y{suffix}"
+                            ),
+                            "mode": "lines",
+                            "showlegend": label not in shown,
+                        }
+                    )
+                    shown.add(label)
+    return _plot(element_id, traces, layout)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

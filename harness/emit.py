@@ -22,11 +22,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from analysis.deploy import config_shapes, level_concurrency, plan_deployment
 from analysis.store import write_local_atomic
-from harness.spec import SweepSpec, parse_spec
+from harness.deploy_launch import DrafterTarget, drafter_target, measured_args, sweep_spec
+from harness.spec import SweepSpec
 from specsweep.errors import ResultsError, disk_full_error, is_disk_full
 from workers.sglang import deploy as sglang_deploy
 from workers.sglang.rules import read_model_config
@@ -52,17 +51,18 @@ def emit(
 ) -> dict[str, Any]:
     """Plan the deployment of ``selection``'s sweep, write the files into ``dest``, return deploy.json's
     object. With a measured ``confirmation`` the recommendation follows its measured mix score."""
-    spec = _sweep_spec(con)
+    spec = sweep_spec(con)
     deployment = plan_deployment(
         selection, config_shapes(con), level_concurrency(con), spec.deploy_weights or None
     )
-    argvs = _measured_args(con)
-    drafter = _drafter_provenance(con, spec, publish_drafter)
+    argvs = measured_args(con)
+    target = drafter_target(spec, publish_drafter, emitting=True)
+    drafter = _drafter_provenance(con, spec, target)
     python = spec.sglang_python or "python3"
 
     def portable(label: str) -> list[str]:
         return sglang_deploy.deploy_args(
-            argvs[label], model_path=spec.model_path, draft_path=drafter["published"] if drafter else None
+            argvs[label], model_path=spec.model_path, draft_path=target.published if target else None
         )
 
     static_args = portable(deployment.static.config_label)
@@ -156,57 +156,48 @@ def _unwritable(dest: Path, why: str) -> ResultsError:
     )
 
 
-def _sweep_spec(con: duckdb.DuckDBPyConnection) -> SweepSpec:
-    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
-    if not rows or not rows[0][0]:
-        raise ResultsError(
-            "the sweep row holds no spec, so the model and drafter to deploy are unknown",
-            where="--emit",
-            fix="emit from the output directory of `specsweep run` (OUT/sweep/... holds the spec)",
-        )
-    return parse_spec(yaml.safe_load(rows[0][0]), source="the sweep's spec")
-
-
-def _measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
-    """Per config label, the SGLang arguments its first done job ran with."""
-    rows = con.sql(
-        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs "
-        "WHERE status = 'done' AND role = 'sweep' GROUP BY 1"
-    ).fetchall()
-    return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
-
-
 def _drafter_provenance(
-    con: duckdb.DuckDBPyConnection, spec: SweepSpec, publish_drafter: str | None
+    con: duckdb.DuckDBPyConnection, spec: SweepSpec, target: DrafterTarget | None
 ) -> dict[str, Any] | None:
-    """Where the deployed drafter lives, where it came from, and how to publish it there."""
-    if spec.drafter is None:
+    """Where the deployed drafter lives, where it came from, and how to publish it there. The node cache
+    keys conversions by content, so a copy's conversion.json may be another sweep's (converted from its
+    own directory): the record names this sweep's source, and the copy's only where it is this sweep's."""
+    if spec.drafter is None or target is None:
         return None
-    source = spec.drafter.path
     measured = [
         row[0]
         for row in con.sql(
             "SELECT DISTINCT draft_model_path FROM jobs WHERE draft_model_path IS NOT NULL ORDER BY 1"
         ).fetchall()
     ]
-    needs_conversion = spec.drafter.format != "sglang"
-    published = publish_drafter or (source.rstrip("/") + "-sglang" if needs_conversion else source)
-    conversion = None
-    for path in measured:
-        report = Path(path) / CONVERSION_REPORT
-        if report.is_file():
-            conversion = json.loads(report.read_text())
-            break
+    source = str(Path(spec.drafter.path).absolute())
+    conversion = _this_sweeps_conversion(con, measured)
+    if conversion is not None and conversion.get("source") != source:
+        conversion = {**conversion, "source": source, "reused": True}
     return {
-        "source": source,
+        "source": target.source,
         "format": spec.drafter.format,
-        "published": published,
-        "publish_command": ["specsweep", "convert", source, published, "--target-config", spec.model_path]
-        if needs_conversion
-        else None,
+        "published": target.published,
+        "publish_command": list(target.publish_command) if target.publish_command else None,
         "measured_copies": measured,
         "conversion": conversion,
     }
+
+
+def _this_sweeps_conversion(con: duckdb.DuckDBPyConnection, copies: list[str]) -> dict[str, Any] | None:
+    """The conversion.json of a measured copy converted from the bytes of the sweep's current drafter
+    (its recorded input digest); the first readable one when the sweep recorded none."""
+    from harness.inputs import loads
+
+    rows = con.sql("SELECT input_digests FROM sweep").fetchall()
+    digest = loads(rows[0][0]).get("drafter") if rows else None
+    for path in copies:
+        report = Path(path) / CONVERSION_REPORT
+        if report.is_file():
+            conversion: dict[str, Any] = json.loads(report.read_text())
+            if digest is None or conversion.get("source_digest") == digest:
+                return conversion
+    return None
 
 
 def _validations(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from analysis.select import LevelChoice, Selection
     from analysis.slo import Slo
     from analysis.store import ResultStore
+    from harness.deploy_launch import DeployLaunch
 
 
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +90,12 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="rank the committed jobs of a sweep that has not finished",
     )
+    parser.add_argument(
+        "--publish-drafter",
+        metavar="PATH",
+        help="where the converted drafter is published: the launches to deploy name it there (default: "
+        "<drafter path>-sglang with --emit, else the spec's drafter path and how to convert it)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,11 +114,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write the launch to deploy (static best over the spec's deploy_weights, or an adaptive "
         "schedule from the per-level winners), adaptive.json and the drafter's provenance into DIR",
-    )
-    parser.add_argument(
-        "--publish-drafter",
-        metavar="PATH",
-        help="where the converted drafter is published for deployment (default: <drafter path>-sglang)",
     )
 
 
@@ -215,9 +217,12 @@ def run(args: argparse.Namespace) -> int:
         from harness.emit import check_destination
 
         check_destination(args.emit)  # before the ranking, which can take a while
+    from harness.deploy_launch import deploy_launches
+
     con, selection = selection_from_args(args, store)
     try:
         confirmation = confirmation_from_args(args, store, con, selection)
+        launches = deploy_launches(con, args.publish_drafter, emitting=args.emit is not None)
         deployment = None
         if args.emit is not None:
             from harness.emit import emit
@@ -232,13 +237,14 @@ def run(args: argparse.Namespace) -> int:
             {
                 **dataclasses.asdict(selection),
                 "confirmation": dataclasses.asdict(confirmation) if confirmation else None,
+                "deploy_launches": {label: dataclasses.asdict(d) for label, d in launches.items()},
                 "deploy": deployment,
             }
         )
     elif args.format == "csv":
         print_csv(SELECTION_CSV_COLUMNS, selection_csv_rows(selection))
     else:
-        print(format_selection(selection))
+        print(format_selection(selection, launches))
         if confirmation is not None:
             print(format_confirmation(confirmation, selection))
         if deployment is not None:
@@ -385,8 +391,11 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
         "--emit picks per-level winners; it does not take --objective capacity",
         fix="run `best --emit DIR` with a level objective (the default throughput)",
     )
+    from harness.deploy_launch import deploy_launches
+
     with _open_results(store) as con:
         choices = rank_by_capacity(con)
+        launches = deploy_launches(con, args.publish_drafter)
     first = choices[0]
     if args.format == "json":
         print_json({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]})
@@ -401,7 +410,7 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
                 f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {c.launches:>8} {c.probes:>6}"
             )
         if first.capacity is not None:
-            lines.append(f"   launch: {first.launch_command or '(unknown)'}")
+            lines.extend(launch_lines(launches.get(first.config_label)))
         print("\n".join(lines))
     if first.capacity is None:  # ranked highest first, so no config has one
         raise NoConfigMeetsSlosError(
@@ -424,8 +433,20 @@ def _fixed(value: float | None, decimals: int = 2) -> str:
     return "-" if value is None else f"{value:.{decimals}f}"
 
 
-def format_selection(selection: Selection) -> str:
-    """The human-readable ranking: one block per load level."""
+def launch_lines(launch: DeployLaunch | None) -> list[str]:
+    """A winner's launch to deploy, where the measured one differed, and what the drafter needs."""
+    if launch is None:
+        return ["   launch: (unknown)"]
+    lines = [f"   launch: {launch.command}"]
+    if launch.differed:
+        lines.append(f"   measured launch differed: {launch.differed}")
+    if launch.drafter_note:
+        lines.append(f"   drafter: {launch.drafter_note}")
+    return lines
+
+
+def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] | None = None) -> str:
+    """The human-readable ranking: one block per load level, each winner with its deploy launch."""
     from analysis.select import share_text
 
     slos = ", ".join(selection.slos) or "none"
@@ -474,7 +495,7 @@ def format_selection(selection: Selection) -> str:
                 f"   excluded {e.config_label} (errors {share_text(e.error_rate)}): {'; '.join(e.reasons)}"
             )
         if level.winner is not None:
-            lines.append(f"   launch: {level.winner.launch_command or '(unknown)'}")
+            lines.extend(launch_lines((launches or {}).get(level.winner.config_label)))
     return "\n".join(lines)
 
 

@@ -36,10 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _print_winners(out: Path) -> None:
     from analysis.select import select_best
     from analysis.views import connect
+    from harness.deploy_launch import deploy_launches
 
     con = connect(out)
     try:
         selection = select_best(con, out)
+        launches = deploy_launches(con)
     finally:
         con.close()
     print(f"\nbest config per load level (ranked by {selection.objective}, {selection.objective_unit}):")
@@ -53,17 +55,22 @@ def _print_winners(out: Path) -> None:
             f" (95% CI {winner.speedup_ci.low:.2f}-{winner.speedup_ci.high:.2f})" if winner.speedup_ci else ""
         )
         print(f"  {level.load_level}: {winner.config_label}, {speedup} vs no speculation{ci}")
-        print(f"      {winner.launch_command}")
+        launch = launches.get(winner.config_label)
+        print(f"      {launch.command if launch else '(launch command unknown)'}")
+        if launch is not None and launch.drafter_note:
+            print(f"      drafter: {launch.drafter_note}")
 
 
 def _write_report(out: Path) -> Path:
     from analysis.report import render_report, write_report
     from analysis.select import select_best
     from analysis.views import connect
+    from harness.commands.report import server_timeline
+    from harness.deploy_launch import deploy_launches
 
     con = connect(out)
     try:
-        page = render_report(con, select_best(con, out))
+        page = render_report(con, select_best(con, out), server_timeline(), launches=deploy_launches(con))
     finally:
         con.close()
     return write_report(page, out / "report.html")

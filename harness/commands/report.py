@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from analysis.report import render_report, write_report
     from analysis.store import open_store
     from analysis.views import readable_results
+    from harness.deploy_launch import deploy_launches
 
     store = open_store(args.out)
     target: Path | None = args.output or (store.local(REPORT) if store.local_dir is not None else None)
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         confirmation = confirmation_from_args(args, store, con, selection)
         with readable_results(store):
-            html = render_report(con, selection, server_timeline(), confirmation)
+            launches = deploy_launches(con, args.publish_drafter)
+            html = render_report(con, selection, server_timeline(), confirmation, launches=launches)
     finally:
         con.close()
     if target is None:  # OUT is an object store: the report goes next to the results

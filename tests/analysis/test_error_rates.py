@@ -12,6 +12,7 @@ from analysis.report import render_report
 from analysis.select import DEFAULT_MAX_ERROR_RATE, select_best
 from analysis.synthetic import SyntheticConfig, write_sweep
 from analysis.views import connect
+from harness.deploy_launch import deploy_launches
 from specsweep.errors import ResultsError
 
 from .conftest import CLEAR_CONFIGS, clear_sweep
@@ -64,5 +65,5 @@ def test_best_and_report_show_the_error_rate_when_a_config_is_excluded(flaky_res
     excluded = [line for line in best.stdout.splitlines() if line.strip().startswith("excluded chain d=16")]
     assert len(excluded) == 1 and "%" in excluded[0] and "above the limit" in excluded[0]
     con = connect(flaky_results)
-    page = render_report(con, select_best(con, flaky_results, replicates=200))
+    page = render_report(con, select_best(con, flaky_results, replicates=200), launches=deploy_launches(con))
     assert "<th>errors</th>" in page and "0.0%" in page and "above the limit 1.0%" in page

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis.select import select_best
 from analysis.views import connect
+from harness.cli import main
 from harness.commands.demo import DEMO_NODES
-from harness.demo import demo_spec, prepare_output, simulated_cluster, write_demo_inputs
+from harness.demo import DRAFTER_DIR, demo_spec, prepare_output, simulated_cluster, write_demo_inputs
 from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import progress_for
@@ -67,7 +72,7 @@ def _run_demo(out: Path, cluster: tuple[str, Path], **load: object) -> Path:
     plan = plan_with_local_configs(spec, use_resolver=False)
     summary = run_sweep(
         spec,
-        "the demo spec\n",
+        yaml.safe_dump(data, sort_keys=False),  # the sweep row keeps the spec, as `specsweep run` stores it
         plan,
         out,
         ray_address=address,
@@ -332,3 +337,35 @@ def test_demo_stores_client_delay_calibration_when_levels_ran(demo_out: Path) ->
     con.close()
     assert len(levels) == 15 and all(a is not None and b is not None and 0 < a <= b for a, b in levels)
     assert p50 is not None and 0 < p50 <= p99
+
+
+def test_demo_launches_name_no_node_copy_or_loopback_and_provenance_names_own_drafter_when_cache_reused(
+    demo_out: Path, random_ids_out: Path, demo_cluster: tuple[str, Path], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """On real node conversions (the second sweep's nodes reuse the first's converted drafter, whose
+    conversion.json names the first sweep's directory): `best`'s `launch:` lines, the report's launches
+    and `--emit`'s launch.sh and argvs name the spec's paths, never the node cache or a loopback
+    host/port, and deploy.json's conversion record names each sweep's own drafter directory."""
+    _, cache = demo_cluster
+    loopback = re.compile(r"--host|--port|127\.0\.0\.1|localhost")
+    for out in (demo_out, random_ids_out):
+        own = str((out / DRAFTER_DIR).absolute())
+        dest, report = tmp_path / out.parent.name / "deploy", tmp_path / out.parent.name / "report.html"
+        assert main(["best", str(out), "--bootstrap", "100", "--emit", str(dest)]) == 0
+        assert main(["report", str(out), "--bootstrap", "100", "-o", str(report)]) == 0
+        text = capsys.readouterr().out
+        launch_lines = [line for line in text.splitlines() if line.strip().startswith("launch:")]
+        page = report.read_text()
+        shown = [
+            *launch_lines,
+            *re.findall(r"<pre class='launch'>(.*?)</pre>", page, flags=re.DOTALL),
+            (dest / "launch.sh").read_text(),
+        ]
+        result = json.loads((dest / "deploy.json").read_text())
+        shown += [shlex.join(result[kind]["argv"]) for kind in ("static", "adaptive") if result[kind]]
+        assert len(shown) > 4, text
+        for line in shown:
+            assert str(cache) not in line and "/drafters/" not in line and not loopback.search(line), line
+        assert str(cache) not in page.split("</head>", 1)[1]
+        assert result["drafter"]["conversion"]["source"] == own

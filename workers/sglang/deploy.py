@@ -33,6 +33,14 @@ def launch_args(argv: Sequence[str]) -> list[str]:
 
 def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None) -> list[str]:
     """``args`` without a listen address or launch tag, with the model and drafter paths to deploy."""
+    out = _with_value(strip_launch_only(args), MODEL_FLAG, model_path)
+    if draft_path is not None and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out):
+        out = _with_value(out, DRAFT_FLAG, draft_path)
+    return out
+
+
+def strip_launch_only(args: Sequence[str]) -> list[str]:
+    """``args`` without the flags that say where and which launch ran (``LAUNCH_ONLY_FLAGS``)."""
     out: list[str] = []
     skip = False
     for token in args:
@@ -44,9 +52,6 @@ def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None)
             skip = "=" not in token
             continue
         out.append(token)
-    out = _with_value(out, MODEL_FLAG, model_path)
-    if draft_path is not None and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out):
-        out = _with_value(out, DRAFT_FLAG, draft_path)
     return out
 
 
@@ -54,9 +59,30 @@ def compared_flags(argv: Sequence[str]) -> dict[str, str]:
     """A measured launch's flags as flag -> value (its values joined by spaces, "" for a switch), for
     telling what two sweeps ran differently: without the launch-only flags and the drafter's path (a
     node-local copy named by its content hash; the spec and the drafter's input digest say what it is)."""
+    return {
+        name: value
+        for name, value in _flag_values(launch_args(argv)).items()
+        if name not in LAUNCH_ONLY_FLAGS and name != DRAFT_FLAG
+    }
+
+
+def changed_flags(measured: Sequence[str], deployed: Sequence[str]) -> dict[str, str | None]:
+    """The flags whose value the deploy launch changed (flag -> the measured value) or left out
+    (flag -> None), in the measured launch's order."""
+    before, after = _flag_values(measured), _flag_values(deployed)
+    return {
+        flag: (value if flag in after else None)
+        for flag, value in before.items()
+        if flag not in after or after[flag] != value
+    }
+
+
+def _flag_values(args: Sequence[str]) -> dict[str, str]:
+    """``--flag value``, ``--flag=value``, ``--flag v1 v2`` (values joined by spaces) and a bare ``--flag``
+    ("") of an argument list."""
     flags: dict[str, list[str]] = {}
     current: list[str] | None = None
-    for token in launch_args(argv):
+    for token in args:
         if token.startswith("--"):
             name, _, value = token.partition("=")
             current = flags.setdefault(name, [])
@@ -64,11 +90,7 @@ def compared_flags(argv: Sequence[str]) -> dict[str, str]:
                 current.append(value)
         elif current is not None:
             current.append(token)
-    return {
-        name: " ".join(values)
-        for name, values in flags.items()
-        if name not in LAUNCH_ONLY_FLAGS and name != DRAFT_FLAG
-    }
+    return {name: " ".join(values) for name, values in flags.items()}
 
 
 def _with_value(args: list[str], flag: str, value: str) -> list[str]:
