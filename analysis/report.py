@@ -281,8 +281,8 @@ def _capacity_plot(
     con: duckdb.DuckDBPyConnection, colors: dict[str, tuple[str, str]], choices: list[CapacityChoice]
 ) -> str:
     probes = con.sql(
-        "SELECT j.config_label, c.probe_load, c.passed FROM capacity c JOIN jobs j USING (sweep_id, job_id) "
-        "WHERE j.status = 'done' ORDER BY c.probe_index"
+        "SELECT j.config_label, c.probe_load, c.passed FROM capacity c "
+        "JOIN current_jobs j USING (sweep_id, job_id) ORDER BY c.probe_index"
     ).fetchall()
     fig = _new_figure(height=3.6)
     ax = fig.add_subplot()
@@ -534,8 +534,8 @@ def _latency_cdf_plot(
     if level is not None:
         rows = con.sql(
             "SELECT j.config_label, quantile_cont(r.ttft_ms, ?), quantile_cont(r.tpot_ms, ?) "
-            "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
-            "WHERE j.status = 'done' AND r.load_level = ? AND r.in_window AND r.error_type IS NULL "
+            "FROM requests r JOIN current_jobs j USING (sweep_id, job_id) "
+            "WHERE r.load_level = ? AND r.in_window AND r.error_type IS NULL "
             "GROUP BY j.config_label ORDER BY j.config_label",
             params=[probs, probs, level],
         ).fetchall()
@@ -587,8 +587,8 @@ def _featured_jobs(con: duckdb.DuckDBPyConnection, selection: Selection) -> dict
     if choice.baseline_label is not None and choice.baseline_label not in labels:
         labels.append(choice.baseline_label)
     rows = con.execute(
-        "SELECT config_label, arg_min(job_id, repeat_index) FROM jobs "
-        "WHERE status = 'done' AND config_label IN (SELECT unnest(?)) GROUP BY config_label",
+        "SELECT config_label, arg_min(job_id, repeat_index) FROM current_jobs "
+        "WHERE config_label IN (SELECT unnest(?)) GROUP BY config_label",
         [labels],
     ).fetchall()
     jobs = dict(rows)

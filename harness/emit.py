@@ -170,8 +170,8 @@ def _sweep_spec(con: duckdb.DuckDBPyConnection) -> SweepSpec:
 def _measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     """Per config label, the SGLang arguments its first done job ran with."""
     rows = con.sql(
-        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs "
-        "WHERE status = 'done' AND role = 'sweep' GROUP BY 1"
+        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM current_jobs "
+        "WHERE role = 'sweep' GROUP BY 1"
     ).fetchall()
     return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
 
@@ -186,7 +186,7 @@ def _drafter_provenance(
     measured = [
         row[0]
         for row in con.sql(
-            "SELECT DISTINCT draft_model_path FROM jobs WHERE draft_model_path IS NOT NULL ORDER BY 1"
+            "SELECT DISTINCT draft_model_path FROM current_jobs WHERE draft_model_path IS NOT NULL ORDER BY 1"
         ).fetchall()
     ]
     needs_conversion = spec.drafter.format != "sglang"
@@ -219,7 +219,7 @@ def _validations(
     drafts = [
         row[0]
         for row in con.sql(
-            "SELECT DISTINCT draft_model_path FROM jobs WHERE draft_model_path IS NOT NULL"
+            "SELECT DISTINCT draft_model_path FROM current_jobs WHERE draft_model_path IS NOT NULL"
         ).fetchall()
     ]
     draft = next((d for d in drafts if read_model_config(d) is not None), None)
