@@ -59,7 +59,7 @@ class Confirmation:
 def confirmation_label(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | None:
     """The done confirmation job's (config label, schedule), or None when there is none."""
     rows = con.execute(
-        "SELECT config_label, requested_points[1] FROM jobs WHERE role = ? AND status = 'done' LIMIT 1",
+        "SELECT config_label, requested_points[1] FROM current_jobs WHERE role = ? LIMIT 1",
         [CONFIRMATION_ROLE],
     ).fetchall()
     return (str(rows[0][0]), str(rows[0][1])) if rows else None

@@ -93,7 +93,7 @@ def config_shapes(con: duckdb.DuckDBPyConnection) -> dict[str, ConfigShape]:
     rows = con.sql(
         "SELECT config_label, any_value(effective_speculative_algorithm IS NULL), "
         "any_value(effective_speculative_num_steps), any_value(effective_speculative_eagle_topk) "
-        "FROM jobs WHERE status = 'done' AND role = 'sweep' GROUP BY config_label"
+        "FROM current_jobs WHERE role = 'sweep' GROUP BY config_label"
     ).fetchall()
     return {label: ConfigShape(label, bool(base), steps, topk) for label, base, steps, topk in rows}
 

@@ -353,8 +353,8 @@ def _capacity_plot(
     con: duckdb.DuckDBPyConnection, styles: dict[str, Style], choices: list[CapacityChoice]
 ) -> str:
     probes = con.sql(
-        "SELECT j.config_label, c.probe_load, c.passed FROM capacity c JOIN jobs j USING (sweep_id, job_id) "
-        "WHERE j.status = 'done' ORDER BY c.probe_index"
+        "SELECT j.config_label, c.probe_load, c.passed FROM capacity c "
+        "JOIN current_jobs j USING (sweep_id, job_id) ORDER BY c.probe_index"
     ).fetchall()
     labels = [c.config_label for c in choices]
     traces: list[dict[str, Any]] = [
@@ -695,8 +695,8 @@ def _latency_cdf_plot(con: duckdb.DuckDBPyConnection, styles: dict[str, Style], 
     probs = [i / (CDF_POINTS - 1) for i in range(CDF_POINTS)]
     rows = con.sql(
         "SELECT j.config_label, quantile_cont(r.ttft_ms, ?), quantile_cont(r.tpot_ms, ?) "
-        "FROM requests r JOIN jobs j USING (sweep_id, job_id) "
-        "WHERE j.status = 'done' AND r.load_level = ? AND r.in_window AND r.error_type IS NULL "
+        "FROM requests r JOIN current_jobs j USING (sweep_id, job_id) "
+        "WHERE r.load_level = ? AND r.in_window AND r.error_type IS NULL "
         "GROUP BY j.config_label ORDER BY j.config_label",
         params=[probs, probs, level],
     ).fetchall()
@@ -783,8 +783,8 @@ def _featured_jobs(con: duckdb.DuckDBPyConnection, selection: Selection) -> dict
     if choice.baseline_label is not None and choice.baseline_label not in labels:
         labels.append(choice.baseline_label)
     rows = con.execute(
-        "SELECT config_label, arg_min(job_id, repeat_index) FROM jobs "
-        "WHERE status = 'done' AND config_label IN (SELECT unnest(?)) GROUP BY config_label",
+        "SELECT config_label, arg_min(job_id, repeat_index) FROM current_jobs "
+        "WHERE config_label IN (SELECT unnest(?)) GROUP BY config_label",
         [labels],
     ).fetchall()
     jobs = dict(rows)

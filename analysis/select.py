@@ -31,7 +31,6 @@ Resampling, exactly and cheaply:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from analysis.layout import attempted_job_ids, committed_job_ids
 from analysis.metrics import METRICS_BY_NAME, Metric, Rate
 from analysis.slo import Slo, check_metric
 from analysis.store import ResultStore, as_store
-from analysis.views import Location, requests_of_jobs
+from analysis.views import Location, check_current_inputs, requests_of_jobs
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -201,8 +200,8 @@ def select_best(
         )
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
-    superseded = _superseded_jobs(con, out, notes)
-    runs_by_level = _load_runs(con, out, metric, slos, request_slos, roles, superseded)
+    notes.extend(check_current_inputs(con, out.location))
+    runs_by_level = _load_runs(con, out, metric, slos, request_slos, roles)
     if not runs_by_level and con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
         raise ResultsError(
             "the sweep ran capacity searches only, no fixed load levels",
@@ -323,51 +322,6 @@ def _completeness_notes(
     return notes
 
 
-def _digests(text: str | None) -> dict[str, str]:
-    """A stored JSON object of input digests (none in rows written before the column existed)."""
-    value = json.loads(text) if text else {}
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
-
-
-def _superseded_jobs(con: duckdb.DuckDBPyConnection, out: ResultStore, notes: list[str]) -> set[str]:
-    """Done jobs measured on inputs the sweep has since replaced (``run --resume
-    --accept-changed-inputs`` measures the new ones under new job ids): left out, with a note. The jobs
-    left must agree on every input they record; a difference (an input changed on the nodes, where the
-    driver cannot see it) refuses the ranking: they are not repeats of one experiment."""
-    sweep_rows = con.sql("SELECT input_digests FROM sweep").fetchall()
-    current = _digests(sweep_rows[0][0]) if sweep_rows else {}
-    jobs = con.sql(
-        "SELECT job_id, config_label, input_digests FROM jobs WHERE status = 'done' "
-        "ORDER BY config_label, repeat_index, job_id"
-    ).fetchall()
-    superseded: dict[str, list[str]] = {}
-    first: dict[str, tuple[str, str, str]] = {}  # kind -> (digest, job, label) of the first job with it
-    for job_id, label, text in jobs:
-        digests = _digests(text)
-        stale = sorted(k for k, v in digests.items() if k in current and current[k] != v)
-        if stale:
-            superseded[job_id] = stale
-            continue
-        for kind, digest in digests.items():
-            other = first.setdefault(kind, (digest, job_id, label))
-            if other[0] != digest:
-                raise ResultsError(
-                    f"jobs measured on different inputs cannot be ranked together: the {kind} input of job "
-                    f"{job_id} ({label!r}) differs from job {other[1]}'s ({other[2]!r})",
-                    where=out.location,
-                    fix="rank each set of inputs from its own --out; "
-                    '`specsweep sql OUT "SELECT job_id, config_label, input_digests FROM jobs"` shows '
-                    "which job ran on what",
-                )
-    if superseded:
-        kinds = sorted({k for stale in superseded.values() for k in stale})
-        notes.append(
-            f"{len(superseded)} job(s) measured on other inputs than the sweep's current ones "
-            f"({', '.join(kinds)} differ; see jobs.input_digests): not ranked"
-        )
-    return set(superseded)
-
-
 def _single_sweep(con: duckdb.DuckDBPyConnection) -> str:
     ids = [row[0] for row in con.sql("SELECT DISTINCT sweep_id FROM jobs ORDER BY 1").fetchall()]
     if len(ids) > 1:
@@ -385,10 +339,9 @@ def _load_runs(
     slos: tuple[Slo, ...],
     request_slos: tuple[Slo, ...],
     roles: tuple[str, ...],
-    skip: set[str],
 ) -> dict[str, list[_Run]]:
-    """Done jobs' level rows of ``roles`` (but the ``skip`` jobs), keyed by load level, with goodput under
-    ``request_slos``."""
+    """Current jobs' level rows of ``roles`` (``results``: done, on the sweep's current inputs), keyed by
+    load level, with goodput under ``request_slos``."""
     columns = sorted({metric.name, ERROR_RATE, *(s.metric for s in slos)} - set(GOODPUT_METRICS))
     selected = ", ".join(f"r.{c}" for c in columns)
     rows = con.execute(
@@ -398,7 +351,6 @@ def _load_runs(
         "ORDER BY r.config_label, r.repeat_index",
         [list(roles)],
     ).fetchall()
-    rows = [row for row in rows if row[1] not in skip]
     goodput = _goodput_values(con, out, {row[1] for row in rows}, request_slos) if request_slos else {}
     runs: dict[str, list[_Run]] = {}
     for level, job_id, label, baseline, duration_s, gpus, command, argv, *values in rows:
@@ -843,8 +795,8 @@ def measure_configs(
     metric = _objective_metric(metric_name, METRICS_BY_NAME)
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
-    superseded = _superseded_jobs(con, out, notes)
-    runs_by_level = _load_runs(con, out, metric, (), (), SWEEP_ROLES, superseded)
+    notes.extend(check_current_inputs(con, out.location))
+    runs_by_level = _load_runs(con, out, metric, (), (), SWEEP_ROLES)
     requests = requests_of_jobs(out, {run.job_id for runs in runs_by_level.values() for run in runs})
     if category is not None:
         if isinstance(metric.aggregate, Rate):

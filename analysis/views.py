@@ -10,10 +10,17 @@ set of jobs; DuckDB itself touches no file or network there (its file access sta
 Views (columns as documented in ``docs/results.md``):
 
 - ``sweep``, ``jobs``: the committed rows as written.
+- ``job_inputs``: per committed job, ``stale_inputs``: the input kinds (``jobs.input_digests``) it was
+  measured on that differ from the sweep's current ones (``sweep.input_digests``); empty when none do.
+- ``current_jobs``: the done jobs with no stale input, the one definition of the jobs that may be ranked
+  together. Every view that ranks or compares configs (``results``, ``category_results``,
+  ``capacity_results``) and every reader of ``best``, ``report``, ``--emit`` and the confirmation reads
+  jobs through it; ``check_current_inputs`` adds the note on the others and refuses current jobs that
+  still disagree on an input.
 - ``levels``, ``requests``: rows of committed jobs only (semi-join on ``jobs``), so a crash between
   the driver's renames never shows partial data. ``requests`` gains ``sweep_id`` and ``job_id``
   from its hive partition directories.
-- ``results``: ``levels`` of jobs with status done, joined with their config (label, role, repeat,
+- ``results``: ``levels`` of ``current_jobs``, joined with their config (label, role, repeat,
   effective speculative settings, launch command): one row per config run x load level. ``role`` is
   ``sweep`` for grid points and ``confirmation`` for the adaptive schedule's confirmation launch.
 - ``request_metrics``: ``requests`` plus ``ok`` (error_type is null) and ``accept_length``
@@ -22,13 +29,13 @@ Views (columns as documented in ``docs/results.md``):
   that accepted at least k drafts: ``sum_{j>=k} h[j] / sum_j h[j]`` over ``correct_drafts_histogram``
   h (index j = steps that accepted exactly j drafts). Position 1 is the first draft token.
 - ``category_results``: per config x level x request category (``(none)`` when uncategorised), over the
-  successful requests of done jobs sent inside their level's measurement window: ``num_ok``, token-weighted ``accept_length_mean``, mean
+  successful requests of ``current_jobs`` sent inside their level's measurement window: ``num_ok``, token-weighted ``accept_length_mean``, mean
   ``tpot_ms``, and ``speedup``: the baseline's mean TPOT over this config's for the same level and
   category (the per-user decode speedup where the drafter is strong or weak); null without a baseline.
 - ``capacity``: the probes of capacity searches (``load.capacity``) of committed jobs: each probe's
   levels columns plus ``capacity_kind``, ``capacity_slo``, ``probe_index``, ``probe_load``, ``passed``
   and ``margin``.
-- ``capacity_results``: per done job with a capacity search: its config, ``capacity`` (the highest
+- ``capacity_results``: per current job with a capacity search: its config, ``capacity`` (the highest
   passing probe's load; null when none passed), ``bound`` (``bracketed``: a higher probe failed;
   ``at_least``: none failed; ``below``: none passed, capacity is under ``lowest_fail``), ``lowest_fail``
   and ``probes``.
@@ -42,6 +49,7 @@ Views (columns as documented in ``docs/results.md``):
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,6 +85,8 @@ if TYPE_CHECKING:
 VIEW_NAMES: tuple[str, ...] = (
     "sweep",
     "jobs",
+    "job_inputs",
+    "current_jobs",
     "levels",
     "requests",
     "results",
@@ -89,13 +99,30 @@ VIEW_NAMES: tuple[str, ...] = (
     *(f"{name}_by_level" for name in TELEMETRY_TABLES),
 )
 
+# A stored JSON object of input digests as a map; empty for rows written before the column existed.
+_DIGESTS = "coalesce(TRY_CAST(TRY_CAST({} AS JSON) AS MAP(VARCHAR, VARCHAR)), MAP())"
+
+# A kind only one side records is not compared (the driver cannot see an input only the nodes hold).
+_JOB_INPUTS_SQL = f"""
+SELECT sweep_id, job_id,
+       list_sort(list_filter(map_keys(job), lambda k: sweep[k] IS NOT NULL AND sweep[k] <> job[k]))
+         AS stale_inputs
+FROM (SELECT j.sweep_id, j.job_id, {_DIGESTS.format("j.input_digests")} AS job,
+             {_DIGESTS.format("s.input_digests")} AS sweep
+      FROM jobs j LEFT JOIN sweep s USING (sweep_id))
+"""
+
+_CURRENT_JOBS_SQL = """
+SELECT j.* FROM jobs j JOIN job_inputs i USING (sweep_id, job_id)
+WHERE j.status = 'done' AND len(i.stale_inputs) = 0
+"""
+
 _RESULTS_SQL = """
 SELECT l.*, j.config_label, j.role, j.repeat_index, j.status,
        j.effective_speculative_algorithm, j.effective_speculative_num_steps,
        j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens,
        j.effective_max_running_requests, j.launch_command
-FROM levels l JOIN jobs j USING (sweep_id, job_id)
-WHERE j.status = 'done'
+FROM levels l JOIN current_jobs j USING (sweep_id, job_id)
 """
 
 _REQUEST_METRICS_SQL = f"""
@@ -125,8 +152,8 @@ WITH per AS (
            count(*) AS num_ok,
            sum(r.completion_tokens) / nullif(sum(r.spec_verify_ct), 0) AS accept_length_mean,
            avg(r.tpot_ms) AS tpot_ms
-    FROM requests r JOIN jobs j USING (sweep_id, job_id)
-    WHERE j.status = 'done' AND r.{OK_MEASURED}
+    FROM requests r JOIN current_jobs j USING (sweep_id, job_id)
+    WHERE r.{OK_MEASURED}
     GROUP BY ALL
 ), base AS (
     SELECT sweep_id, load_level, category, avg(tpot_ms) AS baseline_tpot_ms FROM per WHERE is_baseline
@@ -145,8 +172,7 @@ SELECT c.sweep_id, c.job_id, j.config_label, j.repeat_index, j.launch_command,
             WHEN count(*) FILTER (WHERE NOT c.passed) = 0 THEN 'at_least'
             ELSE 'bracketed' END AS bound,
        count(*) AS probes
-FROM capacity c JOIN jobs j USING (sweep_id, job_id)
-WHERE j.status = 'done'
+FROM capacity c JOIN current_jobs j USING (sweep_id, job_id)
 GROUP BY ALL
 """
 
@@ -216,6 +242,8 @@ def connect(out: Location, *, read_only: bool = False) -> duckdb.DuckDBPyConnect
     sources = _local_sources(store) if local else _arrow_sources(con, store)
     _register_table(con, "sweep", sources["sweep"], SWEEP_SCHEMA, partitions=("sweep",))
     _register_table(con, "jobs", sources["jobs"], JOBS_SCHEMA, partitions=("sweep", "job"))
+    con.execute(f"CREATE VIEW job_inputs AS {_JOB_INPUTS_SQL}")
+    con.execute(f"CREATE VIEW current_jobs AS {_CURRENT_JOBS_SQL}")
     _register_table(con, "levels_all", sources["levels"], LEVELS_SCHEMA, partitions=("sweep", "job"))
     con.execute(
         "CREATE VIEW levels AS SELECT * FROM levels_all l "
@@ -242,6 +270,40 @@ def connect(out: Location, *, read_only: bool = False) -> duckdb.DuckDBPyConnect
     if read_only:
         _lock_down(con)
     return con
+
+
+def check_current_inputs(con: duckdb.DuckDBPyConnection, where: str) -> list[str]:
+    """What ranking ``current_jobs`` leaves out, as notes: done jobs measured on inputs the sweep has since
+    replaced (``run --resume --accept-changed-inputs`` measures the new ones under new job ids). The
+    current jobs must agree on every input they record; a difference (an input only the nodes can see,
+    which the sweep row lacks) is a ``ResultsError``: they are not repeats of one experiment."""
+    stale = con.sql(
+        "SELECT i.stale_inputs FROM job_inputs i JOIN jobs j USING (sweep_id, job_id) "
+        "WHERE j.status = 'done' AND len(i.stale_inputs) > 0"
+    ).fetchall()
+    first: dict[str, tuple[str, str, str]] = {}  # kind -> (digest, job, label) of the first job with it
+    for job_id, label, text in con.sql(
+        "SELECT job_id, config_label, input_digests FROM current_jobs ORDER BY config_label, repeat_index, job_id"
+    ).fetchall():
+        value = json.loads(text) if text else {}
+        for kind, digest in value.items() if isinstance(value, dict) else ():
+            other = first.setdefault(kind, (digest, job_id, label))
+            if other[0] != digest:
+                raise ResultsError(
+                    f"jobs measured on different inputs cannot be ranked together: the {kind} input of job "
+                    f"{job_id} ({label!r}) differs from job {other[1]}'s ({other[2]!r})",
+                    where=where,
+                    fix="rank each set of inputs from its own --out; "
+                    '`specsweep sql OUT "SELECT job_id, config_label, input_digests FROM jobs"` shows '
+                    "which job ran on what",
+                )
+    if not stale:
+        return []
+    kinds = sorted({kind for (row,) in stale for kind in row})
+    return [
+        f"{len(stale)} job(s) measured on other inputs than the sweep's current ones "
+        f"({', '.join(kinds)} differ; see jobs.input_digests): not ranked"
+    ]
 
 
 def _local_sources(store: ResultStore) -> dict[str, str | None]:

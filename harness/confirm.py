@@ -6,9 +6,12 @@ it. It is the deepest scheduled chain's job turned adaptive (``JobSpec.adaptive_
 the config file), on the same load levels, with ``role = "confirmation"`` in its jobs row.
 
 The queue stays the single source of truth: the job's id is derived from the sweep id alone (one
-confirmation per sweep), so a driver queues it only when the queue does not hold it in any state. A
-resumed driver therefore never relaunches a finished confirmation, and one that died before queueing it
-builds it from the same committed results (the same schedule) and queues it then.
+confirmation per sweep and set of inputs), so a driver queues it only when the queue does not hold it in
+any state. A resumed driver therefore never relaunches a finished confirmation, and one that died before
+queueing it builds it from the same committed results (the same schedule) and queues it then. After
+``run --resume --accept-changed-inputs`` the id also hashes the new inputs' digests
+(``harness.inputs.input_keyed_id``), as the sweep's own jobs do: a confirmation measured on the earlier
+inputs is never taken for the new one, which is built from the new inputs' results and launched.
 """
 
 from __future__ import annotations
@@ -46,9 +49,13 @@ def schedule_text(steps_by_batch_size: dict[int, int]) -> str:
     return ", ".join(f"batch>={bs}: {steps} steps" for bs, steps in sorted(steps_by_batch_size.items()))
 
 
-def plan_confirmation(spec: SweepSpec, plan: Plan, store: ResultStore) -> ConfirmationPlan:
+def plan_confirmation(
+    spec: SweepSpec, plan: Plan, store: ResultStore, job_id: str | None = None
+) -> ConfirmationPlan:
     """Build the confirmation job from the committed results (as ``best --emit`` ranks them by default:
-    throughput, no SLO, the spec's load mix); a sweep whose results give no schedule gets none, and why."""
+    throughput, no SLO, the spec's load mix: the jobs of the current inputs); a sweep whose results give
+    no schedule gets none, and why. ``job_id``: its id on the sweep's current inputs (default: on its first
+    ones, ``confirmation_job_id``)."""
     try:
         with readable_results(store):
             con = connect(store)
@@ -79,10 +86,11 @@ def plan_confirmation(spec: SweepSpec, plan: Plan, store: ResultStore) -> Confir
         speculative_adaptive=True,
     )
     text = schedule_text(schedule)
+    job_id = job_id or confirmation_job_id(plan.sweep_id)
     job = base.model_copy(
         update={
-            "job_id": confirmation_job_id(plan.sweep_id),
-            "config_id": confirmation_job_id(plan.sweep_id)[:12],
+            "job_id": job_id,
+            "config_id": job_id[:12],
             "config_label": CONFIRMATION_LABEL,
             "repeat_index": 0,
             "requested": effective,

@@ -67,10 +67,10 @@ def _spec_or_none(con: duckdb.DuckDBPyConnection) -> SweepSpec | None:
 
 
 def measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
-    """Per config label, the SGLang arguments its first done job ran with."""
+    """Per config label, the SGLang arguments its first done job on the sweep's current inputs ran with."""
     rows = con.sql(
-        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM jobs "
-        "WHERE status = 'done' AND sglang_argv IS NOT NULL GROUP BY 1"
+        "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM current_jobs "
+        "WHERE sglang_argv IS NOT NULL GROUP BY 1"
     ).fetchall()
     return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
 
@@ -103,7 +103,7 @@ def deploy_launches(
     spec = _spec_or_none(con)
     measured = measured_args(con)
     if spec is None:  # synthetic results: the measured interpreter and paths, minus the listen address
-        python = con.sql("SELECT any_value(sglang_argv[1]) FROM jobs WHERE status = 'done'").fetchall()[0][0]
+        python = con.sql("SELECT any_value(sglang_argv[1]) FROM current_jobs").fetchall()[0][0]
         return {
             label: _launch(python or "python3", args, sglang_deploy.strip_launch_only(args), None, NO_SPEC)
             for label, args in measured.items()

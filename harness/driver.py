@@ -43,6 +43,7 @@ from harness.results import (
     Output,
     check_output,
     claim_output_dir,
+    drop_attempts,
     mark_leased,
     median_client_delay_us,
     output_for,
@@ -53,7 +54,7 @@ from harness.search.session import SearchSession
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
 from specsweep.error_classes import ErrorClass
-from specsweep.errors import ClusterError, StoreError, disk_full_error, is_disk_full
+from specsweep.errors import ClusterError, InputsChangedError, StoreError, disk_full_error, is_disk_full
 from workers.job import AttemptResult, JobSpec
 from workers.node.actor import NodeWorker
 from workers.node.inputs import InputDigests, input_digests
@@ -116,10 +117,12 @@ class Slot:
 
 @dataclass(frozen=True, slots=True)
 class SweepSummary:
-    """How the run ended."""
+    """How the run ended; ``inputs_changed``: why the driver stopped it (an attempt measured other inputs
+    than the sweep's), raised by ``run_sweep`` once the queue and the sweep row are written."""
 
     counts: dict[str, int]
     interrupted: bool
+    inputs_changed: InputsChangedError | None = None
 
 
 def _ready(refs: list[Any]) -> list[Any]:
@@ -253,6 +256,7 @@ class Driver:
         self.jobs = {job.job_id: job for job in plan.jobs}
         self.slots: list[Slot] = []
         self._stop_signal: int | None = None
+        self._inputs_changed: InputsChangedError | None = None
         self._job_seconds: list[float] = []
         self._worker_class = ray.remote(NodeWorker)
         self.search = SearchSession(spec, plan, out.store) if spec.search.strategy == "model" else None
@@ -331,6 +335,11 @@ class Driver:
             if self._stop_signal is not None:
                 self._stop(signal.Signals(self._stop_signal).name)
                 return SweepSummary(self.queue.counts(), interrupted=True)
+            if self._inputs_changed is not None:
+                self._stop("inputs changed")
+                return SweepSummary(
+                    self.queue.counts(), interrupted=True, inputs_changed=self._inputs_changed
+                )
             counts = self.queue.counts()
             if self.search is not None and counts["pending"] == 0:
                 counts = self._ask_search(sum(1 for s in self.slots if s.state == "idle"))
@@ -399,10 +408,14 @@ class Driver:
         spec asks for it and the queue does not hold it yet: harness.confirm); True when queued now."""
         if not self.spec.confirm_adaptive:
             return False
-        job_id = confirmation_job_id(self.plan.sweep_id)
+        job_id = sweep_inputs.input_keyed_id(
+            confirmation_job_id(self.plan.sweep_id),
+            sweep_inputs.loads(self.queue.get_meta(sweep_inputs.META_CURRENT)),
+            sweep_inputs.loads(self.queue.get_meta(sweep_inputs.META_ORIGINAL)),
+        )
         if any(row.id == job_id for row in self.queue.jobs()):
             return False
-        confirmation = plan_confirmation(self.spec, self.plan, self.out.store)
+        confirmation = plan_confirmation(self.spec, self.plan, self.out.store, job_id)
         if confirmation.job is None:
             self.progress.event(f"confirmation: none ({confirmation.note})")
             self.queue.event("confirmation_skipped", confirmation.note)
@@ -489,11 +502,48 @@ class Driver:
             )
             self._record_failure(lease, job, failure)
             return
+        changed = self._changed_inputs(job, result)
+        if changed is not None:
+            self.queue.release(lease, changed.problem, ErrorClass.INPUTS_CHANGED)
+            self.progress.event(
+                f"STOP   {job.config_label} r{job.repeat_index} ({job.job_id}) attempt {lease.attempt}: "
+                f"{ErrorClass.INPUTS_CHANGED}: {changed.problem}"
+            )
+            self._inputs_changed = self._inputs_changed or changed
+            return
         if not settle_success(self.out, self.queue, job, lease, result):
             return
         self._job_seconds.append(time.monotonic() - slot.since)
         self.progress.event(
             f"done   {job.config_label} r{job.repeat_index} ({job.job_id}) on {result.node_host}"
+        )
+
+    def _changed_inputs(self, job: JobSpec, result: AttemptResult) -> InputsChangedError | None:
+        """Compare the digests the worker measured with (its jobs row) with the sweep's accepted ones
+        (harness.inputs), kind by kind where both have one: a difference is an ``InputsChangedError``
+        naming the input, and the attempt is not committed. A kind the driver could not see (an input only
+        on the nodes) is taken from the first worker that reports it, so every node must agree with it."""
+        reported = _reported_inputs(result)
+        accepted = sweep_inputs.loads(self.queue.get_meta(sweep_inputs.META_CURRENT))
+        new = {kind: digest for kind, digest in reported.items() if kind not in accepted}
+        if new:  # kept as the sweep's, first run's and current alike
+            original = sweep_inputs.loads(self.queue.get_meta(sweep_inputs.META_ORIGINAL))
+            self.queue.set_meta(sweep_inputs.META_ORIGINAL, sweep_inputs.dumps({**new, **original}))
+            self.queue.set_meta(sweep_inputs.META_CURRENT, sweep_inputs.dumps({**new, **accepted}))
+        changed = sweep_inputs.changed_kinds(accepted, reported)
+        if not changed:
+            return None
+        names = "; ".join(
+            f"{sweep_inputs.describe(kind, job)} (digest {reported[kind][:12]}, the sweep's {accepted[kind][:12]})"
+            for kind in changed
+        )
+        return InputsChangedError(
+            f"inputs changed while the sweep ran: job {job.job_id} ({job.config_label} r{job.repeat_index}) on "
+            f"{result.node_host} measured {names}; its results are not kept",
+            where=self.out.store.describe(),
+            fix="restore the input (on every node) and continue with `specsweep run SPEC --out OUT --resume`; "
+            f"to measure the changed input, resume with {sweep_inputs.ACCEPT_FLAG} (new job ids) where this "
+            "host can read it, else start the sweep in another --out",
         )
 
     def _free(self, slot: Slot) -> None:
@@ -566,6 +616,18 @@ class Driver:
         return SweepView(counts=counts, slots=slots, eta_s=eta)
 
 
+def _reported_inputs(result: AttemptResult) -> dict[str, str]:
+    """The input digests of an attempt's jobs row as its worker wrote them (none without a row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = result.files.get("jobs")
+    if row is None:
+        return {}
+    (text,) = pq.read_table(pa.BufferReader(row), columns=["input_digests"]).column(0).to_pylist()
+    return sweep_inputs.loads(text)
+
+
 def _prepare_queue(queue: JobQueue, plan: Plan, out: Output, progress: Progress, *, search: bool) -> int:
     """Add the plan's jobs (ids already there are kept; a search adds its own as it decides) and settle
     jobs a dead driver left leased (harness.settle: by their committed rows). Returns the sweep's
@@ -613,9 +675,13 @@ def _recorded_inputs(out: Output) -> dict[str, str]:
             conn.close()
 
 
-def _apply_inputs(queue: JobQueue, plan: Plan, current: InputDigests, progress: Progress) -> Plan:
+def _apply_inputs(
+    queue: JobQueue, plan: Plan, current: InputDigests, progress: Progress, out: Output
+) -> Plan:
     """Record the run's input digests in the queue and give the plan's jobs the ids of these inputs
-    (harness.inputs); pending jobs of superseded ids are withdrawn."""
+    (harness.inputs); jobs of superseded ids that have not finished are withdrawn (the confirmation of the
+    earlier inputs among them; those a dead driver left leased first settled by their committed rows),
+    with their attempt files, so `best` does not wait for them."""
     original = sweep_inputs.loads(queue.get_meta(sweep_inputs.META_ORIGINAL))
     accepted = sweep_inputs.loads(queue.get_meta(sweep_inputs.META_CURRENT))
     changed = sweep_inputs.changed_kinds(accepted, current)
@@ -623,7 +689,15 @@ def _apply_inputs(queue: JobQueue, plan: Plan, current: InputDigests, progress: 
     queue.set_meta(sweep_inputs.META_CURRENT, sweep_inputs.dumps({**accepted, **current}))
     plan, superseded = sweep_inputs.rekeyed(plan, current, {**current, **original})
     if changed:
-        withdrawn = queue.withdraw(superseded, f"inputs changed ({', '.join(changed)}): new job ids")
+        earlier_confirmation = sweep_inputs.input_keyed_id(
+            confirmation_job_id(plan.sweep_id), accepted, original
+        )
+        settle_leftovers(queue, out, plan.sweep_id)
+        withdrawn = queue.withdraw(
+            [*superseded, earlier_confirmation], f"inputs changed ({', '.join(changed)}): new job ids"
+        )
+        for job_id in withdrawn:
+            drop_attempts(out, job_id)
         queue.event("inputs_changed", f"{', '.join(changed)} accepted ({sweep_inputs.ACCEPT_FLAG})")
         progress.event(
             f"inputs changed ({', '.join(changed)}): {len(superseded)} job(s) measured under new ids, "
@@ -645,7 +719,8 @@ def run_sweep(
 ) -> SweepSummary:
     """Run (or resume) a planned sweep into ``out`` (a directory, an object-store URI, or an Output with
     its state directory); see the module docstring. A resume whose inputs changed in place is refused
-    (``InputsChangedError``) unless ``accept_changed_inputs`` (harness.inputs)."""
+    (``InputsChangedError``) unless ``accept_changed_inputs`` (harness.inputs); an attempt that measured
+    other inputs than the sweep's stops the run, which then raises ``InputsChangedError`` naming it."""
     if not plan.jobs:
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
     out = output_for(out)
@@ -669,7 +744,7 @@ def run_sweep(
             queue = None
             try:
                 queue = JobQueue(out.state)
-                plan = _apply_inputs(queue, plan, current, progress)
+                plan = _apply_inputs(queue, plan, current, progress, out)
                 created = _prepare_queue(queue, plan, out, progress, search=spec.search.strategy == "model")
                 accepted = queue.get_meta(sweep_inputs.META_CURRENT)
                 write_sweep_row(
@@ -690,10 +765,12 @@ def run_sweep(
                     sglang_version=SGLANG_VERSION,
                     created_ns=created,
                     client_delay_us=median_client_delay_us(out.store, plan.sweep_id),
-                    input_digests=accepted,
+                    input_digests=queue.get_meta(sweep_inputs.META_CURRENT),  # with the nodes' own inputs
                 )
                 queue.event("driver_exit", "interrupted" if summary.interrupted else "finished")
                 publish_queue(out, queue)
+                if summary.inputs_changed is not None:
+                    raise summary.inputs_changed
                 return summary
             finally:
                 ray.kill(lock)

@@ -167,7 +167,7 @@ def _drafter_provenance(
     measured = [
         row[0]
         for row in con.sql(
-            "SELECT DISTINCT draft_model_path FROM jobs WHERE draft_model_path IS NOT NULL ORDER BY 1"
+            "SELECT DISTINCT draft_model_path FROM current_jobs WHERE draft_model_path IS NOT NULL ORDER BY 1"
         ).fetchall()
     ]
     source = str(Path(spec.drafter.path).absolute())
@@ -210,7 +210,7 @@ def _validations(
     drafts = [
         row[0]
         for row in con.sql(
-            "SELECT DISTINCT draft_model_path FROM jobs WHERE draft_model_path IS NOT NULL"
+            "SELECT DISTINCT draft_model_path FROM current_jobs WHERE draft_model_path IS NOT NULL"
         ).fetchall()
     ]
     draft = next((d for d in drafts if read_model_config(d) is not None), None)

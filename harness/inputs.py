@@ -9,7 +9,8 @@ accepts the change (``run --resume --accept-changed-inputs``); ``inputs`` then b
 Job ids follow the inputs: a job whose inputs (those that concern it: the drafter only for a job that
 loads one) are the original ones keeps its plan id, any other gets an id hashing the plan id with its
 current digests. Measurements of other inputs are then never one job, and inputs changed back find
-their earlier jobs again. The pending jobs of superseded ids are withdrawn from the queue.
+their earlier jobs again. The pending jobs of superseded ids are withdrawn from the queue. The
+confirmation job (``harness.confirm``) follows the same rule over every input (it loads the drafter).
 """
 
 from __future__ import annotations
@@ -87,18 +88,25 @@ def concerns(job: JobSpec, digests: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in digests.items() if k != "drafter" or job.drafter is not None}
 
 
+def input_keyed_id(job_id: str, current: Mapping[str, str], original: Mapping[str, str]) -> str:
+    """``job_id`` while the ``current`` inputs (those that concern the job) are the ``original`` ones, else
+    an id hashing it with the current digests (see the module docstring)."""
+    if not changed_kinds(original, current):
+        return job_id
+    canonical = json.dumps({"job": job_id, "inputs": dict(current)}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
 def rekeyed(plan: Plan, current: Mapping[str, str], original: Mapping[str, str]) -> tuple[Plan, list[str]]:
     """``plan`` with job ids for the ``current`` inputs (see the module docstring), and the plan ids
     that were superseded."""
     jobs: list[JobSpec] = []
     superseded: list[str] = []
     for job in plan.jobs:
-        mine = concerns(job, current)
-        if not changed_kinds(concerns(job, original), mine):
+        new_id = input_keyed_id(job.job_id, concerns(job, current), concerns(job, original))
+        if new_id == job.job_id:
             jobs.append(job)
             continue
-        canonical = json.dumps({"job": job.job_id, "inputs": mine}, sort_keys=True)
-        new_id = hashlib.sha256(canonical.encode()).hexdigest()[:16]
         jobs.append(job.model_copy(update={"job_id": new_id}))
         superseded.append(job.job_id)
     return Plan(sweep_id=plan.sweep_id, verdicts=plan.verdicts, jobs=tuple(jobs)), superseded

@@ -318,17 +318,20 @@ class JobQueue:
         crash_point("queue:fail")
         return state
 
-    def release(self, lease: Lease, reason: str) -> None:
-        """Put a leased job back to pending without counting a failure (the driver is stopping)."""
+    def release(self, lease: Lease, reason: str, error_class: ErrorClass | None = None) -> None:
+        """Put a leased job back to pending without counting a failure (the driver is stopping); with
+        ``error_class`` the attempt and the job's last error say why (``status`` shows it)."""
         with self._transaction():
             if not self.holds(lease.job_id, lease.token):
                 return
             self._conn.execute(
-                "UPDATE jobs SET state = 'pending', lease_token = NULL, updated_ns = ? WHERE id = ?",
-                (time.time_ns(), lease.job_id),
+                "UPDATE jobs SET state = 'pending', lease_token = NULL, updated_ns = ?,"
+                " error_class = coalesce(?, error_class), error_text = CASE WHEN ? IS NULL THEN error_text"
+                " ELSE ? END WHERE id = ?",
+                (time.time_ns(), error_class, error_class, reason, lease.job_id),
             )
-            self._finish_attempt(lease, "released", None, None, reason, None, None)
-            self._event(lease.job_id, "released", reason)
+            self._finish_attempt(lease, "released", None, error_class, reason, None, None)
+            self._event(lease.job_id, "released", f"{error_class}: {reason}" if error_class else reason)
         crash_point("queue:release")
 
     def requeue(self, states: tuple[str, ...], reason: str) -> list[str]:

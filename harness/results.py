@@ -13,6 +13,7 @@ the driver cannot see a worker's disk (another host, no shared filesystem).
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sqlite3
 import uuid
@@ -229,6 +230,17 @@ def drop_uncommitted_parts(out: Output, sweep_id: str, job_id: str) -> None:
     for table in layout.COMMIT_ORDER:
         if table != "jobs":
             out.store.delete(layout.job_part_path(ROOT, table, sweep_id, job_id))
+
+
+def drop_attempts(out: Output, job_id: str) -> None:
+    """Remove a withdrawn job's attempt files and leased marks: it will not run or commit under this id, so
+    ``best`` must not take it for a job of an unfinished sweep (``analysis.layout.attempted_job_ids``)."""
+    folder = out.state / layout.ATTEMPTS_DIR / job_id
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    if out.remote:
+        for key in out.store.list_files(f"{layout.ATTEMPTS_DIR}/{job_id}"):
+            out.store.delete(key)
 
 
 def median_client_delay_us(store: ResultStore, sweep_id: str) -> tuple[float | None, float | None]:

@@ -5,7 +5,10 @@ differently from the plan, a model that does not fit in memory at load): the job
 transient one depends on the node or on luck (a crash, a hang, a lost node, a busy GPU, a node whose
 SGLang Python lacks a GPU or a module: another node's image may have them): the job gets up to
 ``retries`` more attempts, on another slot when there is one. Every class is listed in exactly one of
-the two sets (a test checks), so adding a class forces a decision.
+the two sets (a test checks), so adding a class forces a decision. An attempt that measured other inputs
+than the sweep's (``inputs_changed``: a prompt file edited mid-run, a node's own copy of an input) is
+never retried: another attempt would read the same changed input, so the driver stops the sweep instead
+(``harness.driver``) and the job waits, pending, for the user to restore the input or accept it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ DETERMINISTIC_CLASSES: frozenset[ErrorClass] = frozenset(
         ErrorClass.CONFIG_MISMATCH,
         ErrorClass.CUDA_OOM,
         ErrorClass.BAD_DRAFTER,
+        ErrorClass.INPUTS_CHANGED,
     }
 )
 TRANSIENT_CLASSES: frozenset[ErrorClass] = frozenset(

@@ -33,3 +33,4 @@ class ErrorClass(StrEnum):
     ATTEMPT_TIMEOUT = "attempt_timeout"  # the worker did not answer within the job's limits
     WORKER_ERROR = "worker_error"  # the worker raised an unexpected exception
     CANCELLED = "cancelled"  # the driver stopped the attempt (SIGINT/SIGTERM): not a failure
+    INPUTS_CHANGED = "inputs_changed"  # the node measured other inputs than the sweep's: the sweep stops

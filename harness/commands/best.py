@@ -328,6 +328,7 @@ def _refuse_emit(args: argparse.Namespace, why: str, fix: str) -> None:
 def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
     """``best --by category``: the winners per level and category (``analysis.by_category``)."""
     from analysis.by_category import best_by_category, format_by_category
+    from analysis.views import check_current_inputs
     from specsweep.errors import ResultsError
 
     _refuse_emit(
@@ -336,6 +337,7 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
         fix="drop --by category to emit, or --emit to see the winners per category",
     )
     with _open_results(store) as con:
+        notes = check_current_inputs(con, store.location)
         levels = [row[0] for row in con.sql("SELECT DISTINCT load_level FROM levels ORDER BY 1").fetchall()]
         if args.at is not None and args.at not in levels:
             raise ResultsError(
@@ -345,7 +347,7 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
             )
         choices = best_by_category(con, args.at)
     if args.format == "json":
-        print_json({"by": "category", "levels": [dataclasses.asdict(c) for c in choices]})
+        print_json({"by": "category", "notes": notes, "levels": [dataclasses.asdict(c) for c in choices]})
     elif args.format == "csv":
         columns = (
             "load_level",
@@ -375,7 +377,7 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
             ),
         )
     else:
-        print(format_by_category(choices))
+        print("\n".join([*(f"note: {note}" for note in notes), format_by_category(choices)]))
     return 0
 
 
@@ -385,6 +387,7 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     is shown (each config's bound), then that is a ResultsError (exit 2), as ``--emit`` refuses when no
     config meets the SLOs."""
     from analysis.capacity import capacity_text, rank_by_capacity
+    from analysis.views import check_current_inputs
 
     _refuse_emit(
         args,
@@ -394,16 +397,20 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     from harness.deploy_launch import deploy_launches
 
     with _open_results(store) as con:
+        notes = check_current_inputs(con, store.location)
         choices = rank_by_capacity(con)
         launches = deploy_launches(con, args.publish_drafter)
     first = choices[0]
     if args.format == "json":
-        print_json({"objective": CAPACITY, "ranked": [dataclasses.asdict(c) for c in choices]})
+        print_json(
+            {"objective": CAPACITY, "notes": notes, "ranked": [dataclasses.asdict(c) for c in choices]}
+        )
     elif args.format == "csv":
         rows = [dataclasses.asdict(c) for c in choices]
         print_csv(list(rows[0]), (list(row.values()) for row in rows))
     else:
         lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
+        lines.extend(f"note: {note}" for note in notes)
         lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
         for c in choices:
             lines.append(

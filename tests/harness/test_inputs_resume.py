@@ -17,15 +17,18 @@ import pytest
 import yaml
 
 from analysis import views
+from analysis.layout import attempted_job_ids, committed_job_ids
 from analysis.select import select_best
 from analysis.store import open_store
 from harness.cli import main
 from harness.driver import RayConnection, connect_ray, run_sweep
+from harness.inputs import ACCEPT_FLAG
 from harness.plan import unchecked_plan
 from harness.progress import LogProgress
-from harness.queue import open_read_only, read_jobs
+from harness.queue import open_read_only, read_attempts, read_jobs
 from harness.results import write_sweep_row
 from harness.spec import parse_spec
+from specsweep.errors import InputsChangedError
 from workers.convert.eagle3_format import SourceFormat
 from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
 
@@ -166,3 +169,114 @@ def test_resume_refuses_then_measures_new_job_ids_when_prompt_file_edited_in_pla
     assert main(["best", str(out)]) == 2
     err = capsys.readouterr().err
     assert "measured on different inputs" in err and "prompts" in err and "Traceback" not in err, err
+
+
+class _EditPromptsAfterFirstDone(LogProgress):
+    """Rewrite the prompt file in place once the first job is done, before the next one is handed out."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(io.StringIO())
+        self.path = path
+
+    def event(self, line: str) -> None:
+        super().event(line)
+        if line.startswith("done") and self.path.read_text() != _rows_text(PROMPTS_AFTER):
+            _write_prompts(self.path, PROMPTS_AFTER)
+
+
+def _rows_text(rows: list[dict[str, str]]) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def _attempts(out: Path) -> list[tuple[str, str, str | None]]:
+    conn = open_read_only(out)
+    try:
+        return [(a.job_id, a.outcome, a.error_class) for a in read_attempts(conn)]
+    finally:
+        conn.close()
+
+
+def test_run_stops_as_inputs_changed_and_keeps_nothing_when_prompt_file_edited_mid_run(
+    ray_local: RayConnection, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A prompt file edited while the sweep runs: the next attempt, which measured the edited file, is
+    not committed; it is released as `inputs_changed` (not a failure of the job, not retried) and the run
+    stops with an InputsChangedError naming the file. Accepting the change on resume measures every job
+    under a new id; the withdrawn job's attempt files go with it, so `best` needs no --allow-partial."""
+    data = _spec_data(tmp_path)
+    spec = parse_spec(data)
+    out = Path(data["output_dir"])
+    prompts = Path(data["load"]["workload"]["path"])
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputsChangedError) as stopped:
+        run_sweep(
+            spec,
+            spec_file.read_text(),
+            unchecked_plan(spec),
+            out,
+            ray_address="local",
+            resume=False,
+            progress=_EditPromptsAfterFirstDone(prompts),
+        )
+    assert "while the sweep ran" in stopped.value.problem and str(prompts) in stopped.value.problem
+    assert ACCEPT_FLAG in stopped.value.fix
+    states = _queue_jobs(out)
+    done = {job for job, (state, _) in states.items() if state == "done"}
+    assert len(done) == 1 and {state for state, _ in states.values()} == {"done", "pending"}, states
+    changed = [(job, outcome) for job, outcome, error in _attempts(out) if error == "inputs_changed"]
+    assert len(changed) == 1 and changed[0][1] == "released", _attempts(out)
+    assert committed_job_ids(out) == done  # the attempt on the edited file committed nothing
+
+    argv = ["run", str(spec_file), "--resume", "--ray-address", "local", "--no-validate"]
+    assert main([*argv, "--accept-changed-inputs"]) == 0, capsys.readouterr().err
+    after = _queue_jobs(out)
+    new_ids = set(after) - set(states)
+    assert len(new_ids) == 4 and all(after[job] == ("done", 1) for job in new_ids), after
+    assert changed[0][0] not in after and changed[0][0] not in attempted_job_ids(out)  # withdrawn
+    capsys.readouterr()
+    assert main(["best", str(out), "--bootstrap", "100"]) == 0, capsys.readouterr().err
+    assert "1 job(s) measured on other inputs" in capsys.readouterr().out
+
+
+def test_confirmation_is_measured_again_under_a_new_id_when_inputs_change_after_it_ran(
+    ray_local: RayConnection, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished sweep with its confirmation job, then the prompt file edited and the change accepted:
+    the resume launches a new confirmation (built from the new prompts' results, under an id of the new
+    inputs) instead of taking the one measured on the earlier prompts, and `best` reports the new one."""
+    data = {**_spec_data(tmp_path), "repeats": 1, "confirm_adaptive": True}
+    data["load"] = {**data["load"], "concurrency": [1, 4]}
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    out = Path(data["output_dir"])
+    argv = ["run", str(spec_file), "--ray-address", "local", "--no-validate"]
+    assert main(argv) == 0, capsys.readouterr().err
+    before = _queue_jobs(out)
+    (first,) = _confirmation_ids(out)
+    assert before[first] == ("done", 1), before
+
+    _write_prompts(Path(data["load"]["workload"]["path"]), PROMPTS_AFTER)
+    assert main([*argv, "--resume", "--accept-changed-inputs"]) == 0, capsys.readouterr().err
+    after = _queue_jobs(out)
+    assert after[first] == ("done", 1)  # kept as it was, not launched again
+    (second,) = _confirmation_ids(out) - {first}
+    assert after[second] == ("done", 1), after
+    capsys.readouterr()
+    assert main(["best", str(out), "--json", "--bootstrap", "100"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["confirmation"] is not None and answer["confirmation"]["config_label"] == "adaptive"
+    con = views.connect(open_store(str(out)))
+    try:
+        rows = con.sql("SELECT job_id FROM current_jobs WHERE role = 'confirmation'").fetchall()
+    finally:
+        con.close()
+    assert rows == [(second,)]
+
+
+def _confirmation_ids(out: Path) -> set[str]:
+    conn = open_read_only(out)
+    try:
+        return {row.id for row in read_jobs(conn) if row.label == "adaptive"}
+    finally:
+        conn.close()

@@ -11,8 +11,9 @@ Each digest covers one kind of input:
 - ``engine``: ``sglang <version>`` of the interpreter that launches the server, or ``sim <digest of the
   simulator's source>``.
 
-The driver computes the digests it can see once per run (an input only on the nodes is left out); the node
-worker computes every digest of the job it runs and records them on the attempt's jobs row.
+The driver computes the digests it can see once per run (an input only on the nodes it takes from the
+first worker that reports it: harness.driver); the node worker computes every digest of the job it runs
+and records them on the attempt's jobs row.
 """
 
 from __future__ import annotations
