@@ -70,7 +70,7 @@ def measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     """Per config label, the SGLang arguments its first done job on the sweep's current inputs ran with."""
     rows = con.sql(
         "SELECT config_label, arg_min(sglang_argv, repeat_index) FROM current_jobs "
-        "WHERE sglang_argv IS NOT NULL GROUP BY 1"
+        "WHERE sglang_argv IS NOT NULL GROUP BY 1 ORDER BY 1"
     ).fetchall()
     return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
 

@@ -23,6 +23,7 @@ from analysis.select import select_best
 from analysis.synthetic import SyntheticConfig, SyntheticSweep, job_id_of
 from analysis.views import connect
 from harness.cli import main
+from harness.deploy_launch import deploy_launches
 from tests.analysis.test_capacity import _write_results
 
 CURRENT = {"prompts": "p-new", "target": "t-1"}
@@ -159,7 +160,7 @@ def test_report_capacity_counts_current_launches_only_when_earlier_inputs_presen
     """The report's capacity table credits chain d=4 with its current launches only."""
     con = connect(results)
     try:
-        page = render_report(con, select_best(con, results, replicates=100))
+        page = render_report(con, select_best(con, results, replicates=100), launches=deploy_launches(con))
     finally:
         con.close()
     section = page.split("<section id='capacity'>", 1)[1].split("</section>", 1)[0]
