@@ -55,7 +55,8 @@ class DriverPhase:
         if self.host != socket.gethostname():
             return None
         try:
-            return psutil.Process(self.pid).create_time() == self.pid_started
+            process = psutil.Process(self.pid)
+            return process.create_time() == self.pid_started and process.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
 
