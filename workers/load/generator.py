@@ -1008,7 +1008,9 @@ def _shard_main() -> int:
             spill = None if job["spill"] is None else Path(job["spill"])
             reporting = asyncio.create_task(shard_counts(tally))
             try:
-                await _run_measured(session, job["url"], level, requests, shard, t0_ns, outcomes, spill, tally)
+                await _run_measured(
+                    session, job["url"], level, requests, shard, t0_ns, outcomes, spill, tally
+                )
             finally:
                 reporting.cancel()
                 print(json.dumps([tally.sent, tally.finished, tally.errors]), flush=True)
