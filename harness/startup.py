@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -122,7 +123,9 @@ def sweep_start(out: Output, sweep_id: str, *, resume: bool, detail: str = "") -
                     start.queue.close()
                     _remove_queue(out)
                 else:
-                    start.phase(EXITED)
+                    # Best effort: on a full disk the error on its way out (DiskFullError) is the news.
+                    with contextlib.suppress(OSError, sqlite3.Error):
+                        start.phase(EXITED)
                     start.queue.close()
     finally:
         if made_dir and not (out.state / QUEUE_FILE).exists():
