@@ -220,12 +220,10 @@ def run(args: argparse.Namespace) -> int:
         deployment = None
         if args.emit is not None:
             from harness.emit import emit
-            from harness.progress import ticking
 
-            with ticking(lambda: f"--emit {args.emit}: validating each launch with SGLang's resolver"):
-                deployment = emit(
-                    con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
-                )
+            deployment = emit(
+                con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
+            )
     finally:
         con.close()
     if args.json:

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from harness.commands.base import Command
-from harness.progress import ticking
 from workers.convert.converter import ConvertOptions, convert
 from workers.convert.eagle3_format import LayerNaming, SourceFormat
 from workers.convert.report import ConversionReport
@@ -100,8 +99,7 @@ def print_human(report: ConversionReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with ticking(lambda: f"converting {args.src} -> {args.dst}"):  # on stderr: stdout keeps the report
-        report = convert(args.src, args.dst, _options(args))
+    report = convert(args.src, args.dst, _options(args))
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
