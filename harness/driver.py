@@ -15,7 +15,6 @@ queue into the bucket every few seconds, for ``best`` and ``status`` on other ho
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import signal
@@ -37,11 +36,10 @@ from harness import inputs as sweep_inputs
 from harness.confirm import confirmation_job_id, plan_confirmation
 from harness.plan import Plan
 from harness.progress import Progress, SlotView, SweepView
-from harness.queue import QUEUE_FILE, JobQueue, Lease, open_read_only, read_meta, readable_queue
+from harness.queue import QUEUE_FILE, STARTED_KEY, JobQueue, Lease, open_read_only, read_meta, readable_queue
 from harness.reaper import Reaper
 from harness.results import (
     Output,
-    check_output,
     claim_output_dir,
     drop_attempts,
     mark_leased,
@@ -53,6 +51,7 @@ from harness.results import (
 from harness.search.session import SearchSession
 from harness.settle import Failure, settle_failure, settle_leftovers, settle_success
 from harness.spec import SweepSpec
+from harness.startup import HASHING, RUNNING, STARTING_RAY, Start, sweep_start
 from specsweep.error_classes import ErrorClass
 from specsweep.errors import ClusterError, InputsChangedError, StoreError, disk_full_error, is_disk_full
 from workers.job import AttemptResult, JobSpec
@@ -133,22 +132,6 @@ def _ready(refs: list[Any]) -> list[Any]:
         more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
         done += more
     return done
-
-
-@contextmanager
-def _file_lock(out: Output) -> Iterator[None]:
-    """An exclusive lock on the state directory, so two drivers on one machine cannot share a queue."""
-    out.state.mkdir(parents=True, exist_ok=True)
-    with open(out.state / ".driver.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ClusterError(
-                "another driver is running a sweep in this output directory",
-                where=out.store.describe(),
-                fix="wait for it to finish (specsweep status OUT), or stop it first",
-            ) from None
-        yield
 
 
 @dataclass
@@ -632,10 +615,10 @@ def _prepare_queue(queue: JobQueue, plan: Plan, out: Output, progress: Progress,
     """Add the plan's jobs (ids already there are kept; a search adds its own as it decides) and settle
     jobs a dead driver left leased (harness.settle: by their committed rows). Returns the sweep's
     creation time."""
-    created = queue.get_meta("created_ns")
+    created = queue.get_meta(STARTED_KEY)
     if created is None:
         created = str(time.time_ns())
-        queue.set_meta("created_ns", created)
+        queue.set_meta(STARTED_KEY, created)
         queue.set_meta("sweep_id", plan.sweep_id)
     if not search:
         queue.add_jobs([(job.job_id, job.config_label, job.model_dump_json()) for job in plan.jobs])
@@ -716,16 +699,39 @@ def run_sweep(
     resume: bool,
     progress: Progress,
     accept_changed_inputs: bool = False,
+    start: Start | None = None,
 ) -> SweepSummary:
     """Run (or resume) a planned sweep into ``out`` (a directory, an object-store URI, or an Output with
     its state directory); see the module docstring. A resume whose inputs changed in place is refused
     (``InputsChangedError``) unless ``accept_changed_inputs`` (harness.inputs); an attempt that measured
-    other inputs than the sweep's stops the run, which then raises ``InputsChangedError`` naming it."""
+    other inputs than the sweep's stops the run, which then raises ``InputsChangedError`` naming it.
+    ``start``: the hold ``specsweep run`` took on ``out`` before planning (harness.startup); without one it
+    is taken here."""
     if not plan.jobs:
         raise ClusterError("no valid job to run", fix="see `specsweep plan` for why each point was dropped")
     out = output_for(out)
-    check_output(out)  # before Ray: a bad URI, endpoint, bucket or key is refused before any launch
+    if start is None:
+        with sweep_start(out, plan.sweep_id, resume=resume) as begun:
+            return _run_started(
+                spec, spec_text, plan, begun, ray_address, resume, progress, accept_changed_inputs
+            )
+    return _run_started(spec, spec_text, plan, start, ray_address, resume, progress, accept_changed_inputs)
+
+
+def _run_started(
+    spec: SweepSpec,
+    spec_text: str,
+    plan: Plan,
+    start: Start,
+    ray_address: str,
+    resume: bool,
+    progress: Progress,
+    accept_changed_inputs: bool,
+) -> SweepSummary:
+    """``run_sweep`` once ``out`` is held: hash the inputs, start Ray, then run the driver."""
+    out = start.out
     probe = next((job for job in plan.jobs if job.drafter is not None), plan.jobs[0])
+    _phase(start, progress, HASHING, "prompt files, drafter, target configs, engine")
     current = input_digests(probe, on_node=False)  # once per run; the workers record their own
     if resume:
         sweep_inputs.check_unchanged(
@@ -735,17 +741,18 @@ def run_sweep(
             where=out.store.describe(),
             accept=accept_changed_inputs,
         )
+    _phase(start, progress, STARTING_RAY, _ray_target(ray_address))
     connection = connect_ray(ray_address, spec)
     where = out.store.describe() if out.remote else str(out.state.resolve())
     try:
-        with _file_lock(out), _disk_full_stops(out):
+        with _disk_full_stops(out):
             claim_output_dir(out, plan.sweep_id, spec_text, resume=resume)
-            lock = _acquire_driver_lock(plan.sweep_id, where)  # before the queue: a refusal leaves no file
-            queue = None
+            lock = _acquire_driver_lock(plan.sweep_id, where)  # before the jobs: a refusal adds none
+            queue = start.queue
             try:
-                queue = JobQueue(out.state)
                 plan = _apply_inputs(queue, plan, current, progress, out)
                 created = _prepare_queue(queue, plan, out, progress, search=spec.search.strategy == "model")
+                start.phase(RUNNING)
                 accepted = queue.get_meta(sweep_inputs.META_CURRENT)
                 write_sweep_row(
                     out.store,
@@ -774,7 +781,20 @@ def run_sweep(
                 return summary
             finally:
                 ray.kill(lock)
-                if queue is not None:
-                    queue.close()
     finally:
         connection.close()
+
+
+def _phase(start: Start, progress: Progress, phase: str, detail: str) -> None:
+    """Say what the driver starts doing now: a progress line, and the phase ``status`` shows."""
+    progress.event(f"{phase}: {detail}")
+    start.phase(phase, detail)
+
+
+def _ray_target(address: str) -> str:
+    """What ``connect_ray`` will do with ``address``, in words."""
+    if ray.is_initialized():
+        return "using the Ray this process already runs"
+    if address == "local":
+        return "an embedded one on this machine"
+    return "connecting to the running cluster" if address == "auto" else f"connecting to {address}"

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, TextIO
+
+PLAIN_INTERVAL_S = 5.0  # without a terminal, a long step prints its state this often (logs stay short)
+LIVE_INTERVAL_S = 0.5  # on a terminal, the step's line is redrawn this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +96,45 @@ class LiveProgress:
 def progress_for(stream: TextIO = sys.stdout) -> Progress:
     """A live table on a terminal, log lines otherwise."""
     return LiveProgress(stream) if stream.isatty() else LogProgress(stream)
+
+
+@contextmanager
+def ticking(describe: Callable[[], str], stream: TextIO = sys.stderr) -> Iterator[None]:
+    """While the body runs, show where a long step stands (``describe()``, read from another thread): one
+    line redrawn in place with a spinner on a terminal; otherwise a timestamped line when it starts, every
+    ``PLAIN_INTERVAL_S`` and when it ends."""
+    stop = threading.Event()
+    if stream.isatty():
+        from rich.console import Console
+
+        status = Console(file=stream).status(describe())
+
+        def show(final: bool) -> None:
+            if final:
+                status.stop()
+                status.console.print(f"{time.strftime('%H:%M:%S')} {describe()}", highlight=False)
+            else:
+                status.update(describe())
+
+        status.start()
+        interval = LIVE_INTERVAL_S
+    else:
+
+        def show(final: bool) -> None:
+            print(f"{time.strftime('%H:%M:%S')} {describe()}", file=stream, flush=True)
+
+        show(False)
+        interval = PLAIN_INTERVAL_S
+
+    def tick() -> None:
+        while not stop.wait(interval):
+            show(False)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        show(True)

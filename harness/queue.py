@@ -24,6 +24,8 @@ from specsweep.error_classes import ErrorClass
 from specsweep.errors import ResultsError
 
 QUEUE_FILE = "queue.sqlite"
+STARTED_KEY = "created_ns"  # meta: set once the sweep's jobs were first added (the sweep has started)
+PHASE_KEY = "driver_phase"  # meta: what the driver is doing, as JSON (harness.startup)
 JOB_STATES: tuple[str, ...] = ("pending", "leased", "done", "failed")
 
 _SCHEMA = """
@@ -487,6 +489,22 @@ def open_read_only(out_dir: str | Path) -> sqlite3.Connection:
     if not path.is_file():
         raise FileNotFoundError(path)
     return _connect(path, read_only=True)
+
+
+def holds_sweep(out_dir: str | Path) -> bool:
+    """Whether the queue of ``out_dir`` holds a sweep: any queue file does, except one whose driver
+    recorded its start (``PHASE_KEY``) but never got to add the jobs (killed or refused while planning or
+    starting Ray), which holds nothing to resume or to protect."""
+    path = Path(out_dir) / QUEUE_FILE
+    if not path.is_file():
+        return False
+    with readable_queue(path):
+        conn = open_read_only(out_dir)
+        try:
+            meta = read_meta(conn)
+        finally:
+            conn.close()
+    return STARTED_KEY in meta or PHASE_KEY not in meta
 
 
 def read_counts(conn: sqlite3.Connection) -> dict[str, int]:

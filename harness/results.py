@@ -24,7 +24,7 @@ from analysis import layout
 from analysis.layout import ROOT
 from analysis.schema import JobRecord, SweepRecord, jobs_table, sweep_table
 from analysis.store import ResultStore, as_store, write_local_atomic
-from harness.queue import QUEUE_FILE, JobQueue
+from harness.queue import QUEUE_FILE, JobQueue, holds_sweep
 from harness.state import state_dir
 from specsweep import __version__
 from specsweep.crash_points import crash_point
@@ -84,8 +84,17 @@ def check_output(out: Output) -> None:
 def claim_output_dir(out: Output | Path, sweep_id: str, spec_text: str, *, resume: bool) -> None:
     """Refuse an output that holds another sweep (or this one, without --resume); copy the spec."""
     out = output_for(out)
+    check_claim(out, sweep_id, resume=resume)
+    out.store.write_bytes(layout.SPEC_COPY, spec_text.encode())
+
+
+def check_claim(out: Output, sweep_id: str, *, resume: bool) -> None:
+    """``claim_output_dir``'s refusals, writing nothing: ``run`` makes them in its first second. A queue
+    whose driver died before its sweep started holds no sweep (``holds_sweep``): a plain run takes it
+    over, and --resume starts it."""
     where = out.store.describe()
-    has_sweep = (out.state / QUEUE_FILE).exists()
+    has_queue = (out.state / QUEUE_FILE).exists()
+    has_sweep = holds_sweep(out.state)
     if not has_sweep and layout.committed_job_ids(out.store):
         missing = (
             "queue.sqlite is missing"
@@ -107,7 +116,7 @@ def claim_output_dir(out: Output | Path, sweep_id: str, spec_text: str, *, resum
             where=where,
             fix="pass --resume to continue it, or choose another directory with --out",
         )
-    if resume and not has_sweep:
+    if resume and not has_queue:
         raise ResultsError(
             "nothing to resume: the output directory holds no sweep"
             + (f" (no queue in the state directory {out.state})" if out.remote else ""),
@@ -123,7 +132,6 @@ def claim_output_dir(out: Output | Path, sweep_id: str, spec_text: str, *, resum
                 where=where,
                 fix="resume with the spec stored in OUT/sweep.yaml, or start the new spec in another --out",
             )
-    out.store.write_bytes(layout.SPEC_COPY, spec_text.encode())
 
 
 def _sweep_ids(store: ResultStore) -> set[str]:

@@ -128,7 +128,8 @@ def _level_and_workload(args: argparse.Namespace) -> tuple[LoadLevel, Workload]:
 
 def run(args: argparse.Namespace) -> int:
     from analysis.schema import requests_table, write_parquet_atomic
-    from workers.load.generator import run_load
+    from harness.progress import ticking
+    from workers.load.generator import LoadTally, run_load
     from workers.load.workloads import PromptSetWorkload
 
     level, workload = _level_and_workload(args)
@@ -138,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(out)  # before the load, not after it
     spill = spill_dir(out)
     spill.mkdir()
+    tally = LoadTally()
     try:
-        result = run_load(args.url, level, workload, spill=spill)
+        with ticking(tally.describe):  # on stderr: stdout keeps the summary
+            result = run_load(args.url, level, workload, spill=spill, tally=tally)
     except BaseException:
         with contextlib.suppress(OSError):
             spill.rmdir()  # kept only when it holds measured rows

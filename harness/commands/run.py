@@ -67,9 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.driver import run_sweep
     from harness.progress import progress_for
     from harness.results import output_for
+    from harness.startup import sweep_start
 
     spec, text = load_spec(args.spec)
     if args.confirm:
@@ -77,22 +77,29 @@ def run(args: argparse.Namespace) -> int:
     location = args.out or spec.output_dir
     out = output_for(location, args.state_dir)  # a malformed URI is refused before planning
     check_prompt_set(spec)
-    plan = unchecked_plan(spec) if args.no_validate else validated_plan(spec, args)
-    print(plan_summary(plan), flush=True)
-    require_jobs(plan, args.spec)
-    require_nothing_dropped(plan, args.spec, allow_dropped=args.allow_dropped)
     progress = progress_for(sys.stdout)
+    how = "as written (--no-validate)" if args.no_validate else _validation(args)
     try:
-        summary = run_sweep(
-            spec,
-            text,
-            plan,
-            out,
-            ray_address=args.ray_address,
-            resume=args.resume,
-            progress=progress,
-            accept_changed_inputs=args.accept_changed_inputs,
-        )
+        # The queue exists from here on: `specsweep status OUT` says "planning" while this runs.
+        with sweep_start(out, spec.sweep_id(), resume=args.resume, detail=how) as start:
+            progress.event(f"planning {spec.sweep_id()}: {how}")
+            plan = unchecked_plan(spec) if args.no_validate else validated_plan(spec, args)
+            print(plan_summary(plan), flush=True)
+            require_jobs(plan, args.spec)
+            require_nothing_dropped(plan, args.spec, allow_dropped=args.allow_dropped)
+            from harness.driver import run_sweep  # imports Ray: after the queue exists
+
+            summary = run_sweep(
+                spec,
+                text,
+                plan,
+                out,
+                ray_address=args.ray_address,
+                resume=args.resume,
+                progress=progress,
+                accept_changed_inputs=args.accept_changed_inputs,
+                start=start,
+            )
     except DiskFullError as err:
         raise DiskFullError(
             err.problem,
@@ -110,6 +117,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted: continue with `{resume_command(args, location)}`", file=sys.stderr)
         return 130
     return 1 if counts["failed"] else 0
+
+
+def _validation(args: argparse.Namespace) -> str:
+    """How planning will validate the grid, in words (the progress line and ``status`` show it)."""
+    if args.builtin_only:
+        return "validating the grid with the built-in rules"
+    return "validating the grid with SGLang's resolver (a few seconds per point)"
 
 
 def resume_command(args: argparse.Namespace, out: str | Path) -> str:

@@ -30,6 +30,7 @@ from harness.queue import (
     readable_queue,
 )
 from harness.search.session import BELIEF_KEY
+from harness.startup import BEFORE_START, read_phase
 from specsweep.errors import ResultsError
 
 
@@ -63,12 +64,15 @@ def run(args: argparse.Namespace) -> int:
         counts, jobs, meta, attempts = _read_queue(folder, args.out)
     hours = node_hours(attempts)
     search = json.loads(meta[BELIEF_KEY]) if BELIEF_KEY in meta else None
+    phase = read_phase(meta)
+    starting = phase if phase is not None and phase.phase in BEFORE_START else None
     if args.format == "csv":
         print_csv([f.name for f in fields(JobRow)], (astuple(j) for j in jobs))
         return 0
     if args.format == "json":
         body = {
             "sweep_id": meta.get("sweep_id"),
+            "driver": None if phase is None else {**asdict(phase), "alive": phase.alive()},
             "counts": counts,
             "node_hours": hours,
             "search": search,
@@ -80,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if note is not None:
         print(f"from {note}")
-    _print(meta.get("sweep_id"), counts, jobs, attempts)
+    if starting is not None:  # the driver has not added (or re-read) the jobs yet
+        print(f"sweep {meta.get('sweep_id', '?')}: {starting.describe()}")
+    if jobs or starting is None:
+        _print(meta.get("sweep_id"), counts, jobs, attempts)
     print(f"node-hours spent: {hours:.3f} (every attempt, lease to answer: server startup included)")
     if search is not None:
         _print_search(search)

@@ -36,9 +36,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,6 +74,7 @@ _PRECONNECT_TIMEOUT = aiohttp.ClientTimeout(total=10)
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _WORKLOAD_ADAPTER: TypeAdapter[Workload] = TypeAdapter(Workload)
 SPILL_INTERVAL_S = 1.0  # how often finished requests are written to the spill directory (run_load's spill)
+MEASURING = "measuring"  # LoadTally's stage during the measured run
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,36 @@ class _Context:
     level: LoadLevel
     t0_ns: int  # absolute perf_counter_ns of the run start; record times are relative to it
     warmup: bool
+    tally: LoadTally | None = None  # the measured run's counts, for a progress line
+
+
+@dataclass
+class LoadTally:
+    """Where a level stands, for a progress line read from another thread: the stage, and the measured
+    requests sent, finished and failed so far. A shard process reports its counts to the parent on its
+    stdout (``shard_counts``); the parent adds them up."""
+
+    stage: str = "calibrating the client's own delay"
+    total: int | None = None  # measured requests of a count level
+    sent: int = 0
+    finished: int = 0
+    errors: int = 0
+    shards: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+
+    def counts(self) -> tuple[int, int, int]:
+        """Sent, finished and failed requests of this process and every shard."""
+        totals = [self.sent, self.finished, self.errors]
+        for counts in list(self.shards.values()):
+            totals = [a + b for a, b in zip(totals, counts, strict=True)]
+        return totals[0], totals[1], totals[2]
+
+    def describe(self) -> str:
+        """``measuring: done 40/100, in flight 8, errors 0`` (or the stage before the measured run)."""
+        if self.stage != MEASURING:
+            return self.stage
+        sent, finished, errors = self.counts()
+        of = "" if self.total is None else f"/{self.total}"
+        return f"{MEASURING}: done {finished}{of}, in flight {sent - finished}, errors {errors}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +214,8 @@ async def _send(
     decoder = SSEDecoder()
     status: int | None = None
     error: tuple[str, str] | None = None
+    if ctx.tally is not None:
+        ctx.tally.sent += 1
     start_ns = time.perf_counter_ns()
     try:
         async with session.post(ctx.base_url + prep.endpoint, data=prep.body, headers=_HEADERS) as resp:
@@ -223,7 +257,11 @@ async def _send(
     except (aiohttp.ClientError, OSError, ValueError) as err:
         error = ("client_error", f"{type(err).__name__}: {err}")
     end_ns = time.perf_counter_ns()
-    return _outcome(ctx, prep, stream, decoder, status, error, scheduled_abs_ns, start_ns, end_ns)
+    outcome = _outcome(ctx, prep, stream, decoder, status, error, scheduled_abs_ns, start_ns, end_ns)
+    if ctx.tally is not None:
+        ctx.tally.finished += 1
+        ctx.tally.errors += outcome.error is not None
+    return outcome
 
 
 def _outcome(
@@ -572,10 +610,11 @@ async def _run_measured(
     t0_ns: int,
     outcomes: list[_Outcome],
     spill: Path | None,
+    tally: LoadTally | None,
 ) -> None:
     """This process's share of the measured requests, starting at ``t0_ns``, appended to ``outcomes``
-    (and, with ``spill``, written there as they finish)."""
-    ctx = _Context(base_url, level, t0_ns, warmup=False)
+    (and, with ``spill``, written there as they finish; with ``tally``, counted there)."""
+    ctx = _Context(base_url, level, t0_ns, warmup=False, tally=tally)
     deadline = t0_ns + round(level.duration_s * 1e9) if level.duration_s is not None else None
     stop = asyncio.Event()
     spilling = None
@@ -729,12 +768,15 @@ def run_load(
     *,
     calibration_streams: int = 32,
     spill: Path | None = None,
+    tally: LoadTally | None = None,
 ) -> LoadResult:
     """Run one load level against ``url`` (``http://host:port``) and return every request's record. With
     ``spill`` (an existing directory), the measured records are also written there as requests finish
-    (``_Spill``), so a killed process leaves them on disk; the caller removes it once the result is kept."""
+    (``_Spill``), so a killed process leaves them on disk; the caller removes it once the result is kept.
+    With ``tally``, the stage and the measured requests' counts are kept there as the level runs."""
     base_url = url.rstrip("/")
     processes = auto_processes(level)
+    tally = tally or LoadTally()
     client_delay = _run_async(lambda: _calibrate(calibration_streams))
     log.info("client-added delay p50 %.0f us, p99 %.0f us", client_delay.p50_us, client_delay.p99_us)
 
@@ -742,7 +784,9 @@ def run_load(
         async with _session(level.streams, level) as session:
             return await _warmup(session, base_url, level, workload)
 
+    tally.stage = f"warmup: {level.warmup_requests} request(s)" if level.warmup_requests else tally.stage
     warmup_records, flushed = _run_async(warmup)
+    tally.stage, tally.total = MEASURING, level.requests
     records: list[RequestRecord] = []
     outcomes: list[_Outcome] = []
     interrupted = False
@@ -750,9 +794,9 @@ def run_load(
     with _no_gc_pauses():
         try:
             if processes == 1:
-                _run_async(lambda: _run_one_process(base_url, level, workload, outcomes, t0, spill))
+                _run_async(lambda: _run_one_process(base_url, level, workload, outcomes, t0, spill, tally))
             else:
-                _run_shard_processes(base_url, level, workload, processes, records, t0, spill)
+                _run_shard_processes(base_url, level, workload, processes, records, t0, spill, tally)
         except KeyboardInterrupt:  # in-flight requests became cut_off records; keep them all
             interrupted = True
         records.extend(_records(outcomes))
@@ -783,13 +827,14 @@ async def _run_one_process(
     outcomes: list[_Outcome],
     t0: list[int],
     spill: Path | None,
+    tally: LoadTally,
 ) -> None:
     shard = _Shard(0, 1)
     requests = _prepared_requests(level, workload, shard)
     async with _session(level.streams, level) as session:
         await _open_connections(session, base_url, level.streams)
         t0[0] = time.perf_counter_ns()
-        await _run_measured(session, base_url, level, requests, shard, t0[0], outcomes, spill)
+        await _run_measured(session, base_url, level, requests, shard, t0[0], outcomes, spill, tally)
 
 
 def measurement_window(level: LoadLevel, records: list[RequestRecord]) -> tuple[int, int]:
@@ -857,11 +902,13 @@ def _run_shard_processes(
     records: list[RequestRecord],
     t0: list[int],
     spill: Path | None,
+    tally: LoadTally,
 ) -> None:
     """Start ``processes`` shard processes, let them all begin at one instant, merge their records.
 
     On Ctrl-C the shards (same process group) stop on their own and still write their records, so the
-    parent waits for them before reading the parts.
+    parent waits for them before reading the parts. While they run, a thread a shard reads the counts
+    each one prints (``shard_counts``) into ``tally``.
     """
     with tempfile.TemporaryDirectory(prefix="specsweep-load-") as tmp:
         children = []
@@ -893,8 +940,16 @@ def _run_shard_processes(
             for child in children:
                 child.stdin.write(f"{t0_ns}\n")  # type: ignore[union-attr]
                 child.stdin.flush()  # type: ignore[union-attr]
+            readers = [
+                threading.Thread(target=_read_counts, args=(child, index, tally), daemon=True)
+                for index, child in enumerate(children)
+            ]
+            for reader in readers:
+                reader.start()
             for child in children:
                 child.wait()
+            for reader in readers:
+                reader.join()
         finally:
             for child in children:
                 try:
@@ -908,6 +963,21 @@ def _run_shard_processes(
                     records.extend(_read_records(part))
                 else:
                     log.error("load generator shard %d wrote no records", index)
+
+
+def _read_counts(child: subprocess.Popen[str], index: int, tally: LoadTally) -> None:
+    """Keep shard ``index``'s latest counts (lines of ``shard_counts``) in ``tally`` until it exits."""
+    assert child.stdout is not None
+    for line in child.stdout:
+        sent, finished, errors = json.loads(line)
+        tally.shards[index] = (sent, finished, errors)
+
+
+async def shard_counts(tally: LoadTally) -> None:
+    """A shard's side of the progress line: its counts as one JSON line on stdout every second."""
+    while True:
+        print(json.dumps([tally.sent, tally.finished, tally.errors]), flush=True)
+        await asyncio.sleep(SPILL_INTERVAL_S)
 
 
 def _read_records(path: Path) -> list[RequestRecord]:
@@ -926,6 +996,7 @@ def _shard_main() -> int:
     shard = _Shard(job["shard"], job["shards"])
 
     outcomes: list[_Outcome] = []
+    tally = LoadTally(stage=MEASURING)
 
     async def main() -> None:
         requests = _prepared_requests(level, workload, shard)
@@ -935,7 +1006,14 @@ def _shard_main() -> int:
             print("ready", flush=True)
             t0_ns = int(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
             spill = None if job["spill"] is None else Path(job["spill"])
-            await _run_measured(session, job["url"], level, requests, shard, t0_ns, outcomes, spill)
+            reporting = asyncio.create_task(shard_counts(tally))
+            try:
+                await _run_measured(
+                    session, job["url"], level, requests, shard, t0_ns, outcomes, spill, tally
+                )
+            finally:
+                reporting.cancel()
+                print(json.dumps([tally.sent, tally.finished, tally.errors]), flush=True)
 
     # On Ctrl-C in-flight requests become cut_off records; all records are written either way.
     with _no_gc_pauses():
