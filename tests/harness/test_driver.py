@@ -11,6 +11,7 @@ import argparse
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -289,7 +290,9 @@ def test_driver_stores_server_metrics_per_level_when_server_serves_metrics(
     assert main(["report", str(out), "-o", str(report)]) == 0
     page = report.read_text()
     server_plot = page[page.index("id='plot-server-timeline'") : page.index("id='plot-gpu-timeline'")]
-    assert "<svg" in server_plot and "not sampled" not in server_plot
+    drawn = re.search(r"Plotly.newPlot\('plot-server-timeline-div', (\[.*?\]), \{", server_plot)
+    assert drawn is not None and "not sampled" not in server_plot
+    assert any(trace["y"] for trace in json.loads(drawn.group(1)))  # the samples are plotted
     assert "not sampled: NVML did not start" in page[page.index("id='plot-gpu-timeline'") :]
 
 
