@@ -183,11 +183,13 @@ def select_best(
     allow_partial: bool = False,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
     roles: tuple[str, ...] = SWEEP_ROLES,
+    axis: tuple[str, str] | None = None,
 ) -> Selection:
     """Rank configs per level; see the module docstring for the statistics. A config whose error rate
     at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason. ``roles``:
     the jobs ranked (default the sweep's grid points; add "confirmation" to rank the adaptive launch
-    beside them)."""
+    beside them). ``axis``: (name, value) of a server axis: only the jobs run at that value are ranked,
+    against the baseline run at it."""
     out = as_store(out)
     metrics = {**METRICS_BY_NAME, **goodput_metrics(request_slos)}
     metric = _objective_metric(objective, metrics)
@@ -201,8 +203,12 @@ def select_best(
         )
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
-    superseded = _superseded_jobs(con, out, notes)
-    runs_by_level = _load_runs(con, out, metric, slos, request_slos, roles, superseded)
+    skipped = _superseded_jobs(con, out, notes)
+    if axis is not None:
+        from analysis.axes import jobs_elsewhere
+
+        skipped |= jobs_elsewhere(con, *axis)
+    runs_by_level = _load_runs(con, out, metric, slos, request_slos, roles, skipped)
     if not runs_by_level and con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
         raise ResultsError(
             "the sweep ran capacity searches only, no fixed load levels",
