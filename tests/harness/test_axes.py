@@ -222,3 +222,37 @@ def test_sweep_and_job_ids_stay_when_the_spec_has_no_axes() -> None:
         "d66ac7c42008af37",
         "3da601d1c67fb8b4",
     ]
+
+
+def test_search_carries_nothing_across_axis_settings_when_the_sweep_has_axes() -> None:
+    """The model has no term for an axis: each setting is seeded on its own, and what one setting
+    measured changes no prediction in another."""
+    from harness.search.model import Candidate, LevelResult, Observation
+    from harness.search.strategy import SearchState, predictions, seed_order
+
+    def space(setting: str) -> list[Candidate]:
+        return [
+            Candidate(f"{setting}-base", "baseline", None, None, None, setting),
+            Candidate(f"{setting}-d2", "chain d=2", 1, 1, 2, setting),
+            Candidate(f"{setting}-d4", "chain d=4", 3, 1, 4, setting),
+        ]
+
+    candidates = tuple(space("mrr=16") + space("mrr=64"))
+    assert [c.config_id for c in seed_order(candidates)] == [
+        "mrr=16-base", "mrr=16-d4", "mrr=16-d2", "mrr=64-base", "mrr=64-d4", "mrr=64-d2",
+    ]  # fmt: skip
+
+    def observed(setting: str, scale: float) -> list[Observation]:
+        return [
+            Observation(f"{setting}-base", 0, 60.0, (LevelResult("concurrency=8", 8, 800.0 * scale, None),)),
+            Observation(f"{setting}-d4", 0, 60.0, (LevelResult("concurrency=8", 8, 1500.0 * scale, (2, 3, 4, 5)),)),
+        ]  # fmt: skip
+
+    def state(observations: list[Observation]) -> SearchState:
+        return SearchState(
+            candidates, (("concurrency=8", 8),), 1, tuple(observations), frozenset(), frozenset(), 0.0
+        )
+
+    alone = predictions(state(observed("mrr=16", 1.0)))
+    beside = predictions(state(observed("mrr=16", 1.0) + observed("mrr=64", 3.0)))
+    assert beside[("mrr=16-d2", "concurrency=8")] == alone[("mrr=16-d2", "concurrency=8")]

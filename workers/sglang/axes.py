@@ -55,7 +55,8 @@ def _parses_as(kind: str) -> Callable[[str], object]:
             return False
         raise ValueError(f'"{raw}" is not a valid boolean value')
 
-    return {"bool": parse_bool, "int": int, "float": float, "str": str}[kind]
+    parsers: dict[str, Callable[[str], object]] = {"bool": parse_bool, "int": int, "float": float, "str": str}
+    return parsers[kind]
 
 
 @dataclass(frozen=True, slots=True)
