@@ -314,6 +314,8 @@ class JobRecord:
     gpu_metrics_off: str | None  # why no gpu_metrics rows were sampled; null when they were
     # JSON object: input kind (prompts, drafter, target, engine) -> content digest the attempt ran with
     input_digests: str | None = None
+    # JSON object: server-axis name -> value, in the spec's axis order; null for a sweep without axes
+    axes: str | None = None
 
 
 JOBS_SCHEMA = pa.schema(
@@ -351,6 +353,7 @@ JOBS_SCHEMA = pa.schema(
         pa.field("server_metrics_off", pa.string()),
         pa.field("gpu_metrics_off", pa.string()),
         pa.field("input_digests", pa.string()),
+        pa.field("axes", pa.string()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "jobs"},
 )

@@ -182,11 +182,13 @@ def select_best(
     allow_partial: bool = False,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
     roles: tuple[str, ...] = SWEEP_ROLES,
+    axis: tuple[str, str] | None = None,
 ) -> Selection:
     """Rank configs per level; see the module docstring for the statistics. A config whose error rate
     at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason. ``roles``:
     the jobs ranked (default the sweep's grid points; add "confirmation" to rank the adaptive launch
-    beside them)."""
+    beside them). ``axis``: (name, value) of a server axis: only the jobs run at that value are ranked,
+    against the baseline run at it."""
     out = as_store(out)
     metrics = {**METRICS_BY_NAME, **goodput_metrics(request_slos)}
     metric = _objective_metric(objective, metrics)
@@ -201,7 +203,12 @@ def select_best(
     notes = _completeness_notes(con, out, allow_partial=allow_partial)
     sweep_id = _single_sweep(con)
     notes.extend(check_current_inputs(con, out.location))
-    runs_by_level = _load_runs(con, out, metric, slos, request_slos, roles)
+    skipped: set[str] = set()
+    if axis is not None:
+        from analysis.axes import jobs_elsewhere
+
+        skipped |= jobs_elsewhere(con, *axis)
+    runs_by_level = _load_runs(con, out, metric, slos, request_slos, roles, skipped)
     if not runs_by_level and con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
         raise ResultsError(
             "the sweep ran capacity searches only, no fixed load levels",
@@ -339,9 +346,11 @@ def _load_runs(
     slos: tuple[Slo, ...],
     request_slos: tuple[Slo, ...],
     roles: tuple[str, ...],
+    skip: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, list[_Run]]:
     """Current jobs' level rows of ``roles`` (``results``: done, on the sweep's current inputs), keyed by
-    load level, with goodput under ``request_slos``."""
+    load level, with goodput under ``request_slos``; the jobs in ``skip`` (e.g. run at another value of
+    the axis ranked) left out."""
     columns = sorted({metric.name, ERROR_RATE, *(s.metric for s in slos)} - set(GOODPUT_METRICS))
     selected = ", ".join(f"r.{c}" for c in columns)
     rows = con.execute(
@@ -351,6 +360,7 @@ def _load_runs(
         "ORDER BY r.config_label, r.repeat_index",
         [list(roles)],
     ).fetchall()
+    rows = [row for row in rows if row[1] not in skip]
     goodput = _goodput_values(con, out, {row[1] for row in rows}, request_slos) if request_slos else {}
     runs: dict[str, list[_Run]] = {}
     for level, job_id, label, baseline, duration_s, gpus, command, argv, *values in rows:

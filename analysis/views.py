@@ -23,6 +23,9 @@ Views (columns as documented in ``docs/results.md``):
 - ``results``: ``levels`` of ``current_jobs``, joined with their config (label, role, repeat,
   effective speculative settings, launch command): one row per config run x load level. ``role`` is
   ``sweep`` for grid points and ``confirmation`` for the adaptive schedule's confirmation launch.
+- ``job_axes``: one row per job x server axis (``axis``, ``value``, with ``config_label``), from
+  ``jobs.axes`` (a JSON object, so a sweep with new axes needs no new columns); ``results`` carries
+  ``axes`` too, so ``results.axes->>'$.NAME'`` reads one axis's value per row.
 - ``request_metrics``: ``requests`` plus ``ok`` (error_type is null) and ``accept_length``
   (completion_tokens / spec_verify_ct).
 - ``acceptance_by_position``: per job x level x draft position k >= 1, the fraction of verify steps
@@ -95,6 +98,7 @@ VIEW_NAMES: tuple[str, ...] = (
     "category_results",
     "capacity",
     "capacity_results",
+    "job_axes",
     *TELEMETRY_TABLES,
     *(f"{name}_by_level" for name in TELEMETRY_TABLES),
 )
@@ -121,8 +125,15 @@ _RESULTS_SQL = """
 SELECT l.*, j.config_label, j.role, j.repeat_index, j.status,
        j.effective_speculative_algorithm, j.effective_speculative_num_steps,
        j.effective_speculative_eagle_topk, j.effective_speculative_num_draft_tokens,
-       j.effective_max_running_requests, j.launch_command
+       j.effective_max_running_requests, j.launch_command, j.axes
 FROM levels l JOIN current_jobs j USING (sweep_id, job_id)
+"""
+
+# One row per job x server axis: what ``GROUP BY axis, value`` needs (jobs.axes is a JSON object).
+_JOB_AXES_SQL = """
+SELECT sweep_id, job_id, config_label, axis, json_extract_string(axes, '$."' || axis || '"') AS value
+FROM (SELECT sweep_id, job_id, config_label, axes, unnest(json_keys(axes)) AS axis
+      FROM jobs WHERE axes IS NOT NULL)
 """
 
 _REQUEST_METRICS_SQL = f"""
@@ -267,6 +278,7 @@ def connect(out: Location, *, read_only: bool = False) -> duckdb.DuckDBPyConnect
     con.execute(f"CREATE VIEW acceptance_by_position AS {_ACCEPTANCE_BY_POSITION_SQL}")
     con.execute(f"CREATE VIEW category_results AS {_CATEGORY_RESULTS_SQL}")
     con.execute(f"CREATE VIEW capacity_results AS {_CAPACITY_RESULTS_SQL}")
+    con.execute(f"CREATE VIEW job_axes AS {_JOB_AXES_SQL}")
     if read_only:
         _lock_down(con)
     return con
@@ -551,12 +563,17 @@ def _register_table(
     partitions: tuple[str, ...],
 ) -> None:
     """A view over the files (``source``: the relation that reads them), without the hive partition
-    columns (the files carry the ids)."""
+    columns (the files carry the ids). A column the schema gained after some files were written reads as
+    null in those files (union by name with the schema's empty table), even when no file has it yet."""
     if source is None:
         _register_empty(con, name, schema)
         return
     exclude = ", ".join(partitions)
-    con.execute(f"CREATE VIEW {name} AS SELECT * EXCLUDE ({exclude}) FROM {source}")
+    con.register(f"_{name}_schema", schema.empty_table())
+    con.execute(
+        f"CREATE VIEW {name} AS SELECT * EXCLUDE ({exclude}) FROM {source} "
+        f"UNION ALL BY NAME SELECT * FROM _{name}_schema"
+    )
 
 
 def _register_requests(con: duckdb.DuckDBPyConnection, source: str | None) -> None:

@@ -23,6 +23,9 @@ from specsweep.errors import SpecError
 from workers.job import JobSpec, launch_args
 from workers.load.workloads import PromptSetWorkload
 from workers.sglang import SpecParams, ValidationReport, default_sglang_python, validate_many
+from workers.sglang.axes import axis_flag_args, env_findings
+
+AxisValues = tuple[tuple[str, str], ...]  # (axis name, value) in the spec's axis order
 
 BASELINE_LABEL = "baseline"
 POINT_STATUSES: tuple[str, ...] = ("ok", "adjusted", "unchecked", "invalid")
@@ -34,6 +37,7 @@ class GridPoint:
 
     label: str
     requested: SpecParams
+    axes: AxisValues = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,7 @@ class Plan:
                     "label": v.point.label,
                     "status": v.status,
                     "requested": v.point.requested.as_dict(),
+                    "axes": dict(v.point.axes),
                     "effective": v.effective.as_dict() if v.effective else None,
                     "reasons": list(v.reasons),
                     "config_id": v.config_id,
@@ -81,6 +86,7 @@ class Plan:
                     "label": j.config_label,
                     "repeat": j.repeat_index,
                     "serves": list(j.requested_points),
+                    "axes": dict(j.axes),
                     "effective": j.effective.as_dict(),
                 }
                 for j in self.jobs
@@ -88,8 +94,26 @@ class Plan:
         }
 
 
-def grid_points(spec: SweepSpec) -> list[GridPoint]:
-    """Every requested configuration: the baseline first, then the grid, then the chains."""
+def axis_combinations(spec: SweepSpec) -> list[AxisValues]:
+    """The server-axis settings to run, in order: the listed axis_points, else the cross product of the
+    axes' values; one empty setting without axes."""
+    names = list(spec.axes)
+    if spec.axis_points:
+        return [tuple((name, point[name]) for name in names) for point in spec.axis_points]
+    return [
+        tuple(zip(names, values, strict=True))
+        for values in itertools.product(*(spec.axes[n].values for n in names))
+    ]
+
+
+def axes_label(axes: AxisValues) -> str:
+    """The suffix a point's label carries for its axis values, e.g. `` [graph_bs=64 spec_v2=1]``, so every
+    config label (what ``best``, ``report`` and ``compare`` group and show) names its server setting."""
+    return f" [{' '.join(f'{name}={value}' for name, value in axes)}]" if axes else ""
+
+
+def speculative_points(spec: SweepSpec) -> list[GridPoint]:
+    """The requested speculative configurations without axes: the baseline, the grid, the chains."""
     points = [GridPoint(BASELINE_LABEL, SpecParams())] if spec.baseline else []
     grid = spec.speculative
     if grid is None:
@@ -102,31 +126,71 @@ def grid_points(spec: SweepSpec) -> list[GridPoint]:
     return points
 
 
+def grid_points(spec: SweepSpec) -> list[GridPoint]:
+    """Every requested configuration: each server-axis setting (in order) crossed with the baseline, the
+    grid and the chains."""
+    return [
+        GridPoint(point.label + axes_label(axes), point.requested, axes)
+        for axes in axis_combinations(spec)
+        for point in speculative_points(spec)
+    ]
+
+
+def point_base_args(spec: SweepSpec, axes: AxisValues) -> list[str]:
+    """base_args followed by the point's flag axes at their values."""
+    args = list(spec.base_args)
+    for name, value in axes:
+        flag = spec.axes[name].flag
+        if flag is not None:
+            args += axis_flag_args(flag, value)
+    return args
+
+
+def point_env(spec: SweepSpec, axes: AxisValues) -> dict[str, str]:
+    """The spec's env with the point's environment-variable axes at their values, sorted by name."""
+    env = dict(spec.env)
+    for name, value in axes:
+        variable = spec.axes[name].env
+        if variable is not None:
+            env[variable] = value
+    return dict(sorted(env.items()))
+
+
 def _draft_path(spec: SweepSpec, params: SpecParams) -> str | None:
     return spec.drafter.path if spec.drafter is not None and params.speculative_algorithm else None
 
 
 def point_argv(spec: SweepSpec, point: GridPoint) -> list[str]:
     """The launch arguments a grid point asks for (what the validator checks)."""
-    return launch_args(spec.base_args, spec.model_path, point.requested, _draft_path(spec, point.requested))
+    return launch_args(
+        point_base_args(spec, point.axes),
+        spec.model_path,
+        point.requested,
+        _draft_path(spec, point.requested),
+    )
 
 
 def _digest(value: Any, length: int) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:length]
 
 
-def effective_config(spec: SweepSpec, effective: SpecParams) -> dict[str, Any]:
-    """Everything that makes two servers different; equal dicts mean one server."""
+def effective_config(spec: SweepSpec, effective: SpecParams, axes: AxisValues = ()) -> dict[str, Any]:
+    """Everything that makes two servers different; equal dicts mean one server. The axis values are in
+    base_args and env already; their names are added only when there are axes, so the ids of sweeps
+    without axes stay as they were."""
     speculative = effective.speculative_algorithm is not None
-    return {
+    config = {
         "engine": spec.engine,
         "model_path": spec.model_path,
         "drafter": spec.drafter.model_dump() if spec.drafter is not None and speculative else None,
-        "base_args": list(spec.base_args),
-        "env": dict(sorted(spec.env.items())),
+        "base_args": point_base_args(spec, axes),
+        "env": point_env(spec, axes),
         "gpus": spec.gpus_per_server,
         "speculative": effective.as_dict(),
     }
+    if axes:
+        config["axes"] = dict(axes)
+    return config
 
 
 def job_id(config: dict[str, Any], load: dict[str, Any], repeat: int) -> str:
@@ -166,7 +230,7 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
         if outcome.status == "invalid" or outcome.effective is None:
             verdicts.append(PointVerdict(point, "invalid", outcome.effective, outcome.reasons, None))
             continue
-        config = effective_config(spec, outcome.effective)
+        config = effective_config(spec, outcome.effective, point.axes)
         config_id = _digest(config, 12)
         configs.setdefault(config_id, config)
         served.setdefault(config_id, []).append(point)
@@ -189,8 +253,8 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
                     sglang_python=spec.sglang_python,
                     model_path=spec.model_path,
                     drafter=spec.drafter if effective_of[config_id].speculative_algorithm else None,
-                    base_args=tuple(spec.base_args),
-                    env=tuple(sorted(spec.env.items())),
+                    base_args=tuple(point_base_args(spec, first.axes)),
+                    env=tuple(point_env(spec, first.axes).items()),
                     gpus=spec.gpus_per_server,
                     requested=first.requested,
                     effective=effective_of[config_id],
@@ -199,6 +263,7 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
                     timeouts=spec.timeouts,
                     seed=spec.seed,
                     telemetry=spec.telemetry,
+                    axes=first.axes,
                 )
             )
     return Plan(sweep_id=spec.sweep_id(), verdicts=tuple(verdicts), jobs=tuple(jobs))
@@ -225,7 +290,24 @@ def plan_sweep(
         target_config_dir=target_config_dir,
         draft_config_dir=draft_config_dir,
     )
-    return build_plan(spec, points, [outcome_of(r) for r in reports])
+    outcomes = [with_env_rules(spec, p, outcome_of(r)) for p, r in zip(points, reports, strict=True)]
+    return build_plan(spec, points, outcomes)
+
+
+def with_env_rules(spec: SweepSpec, point: GridPoint, outcome: PointOutcome) -> PointOutcome:
+    """``outcome`` with the SGLang environment-variable rules applied to the point's server environment
+    (SGLang's resolver judges flags; variables have no parser): an error makes the point invalid, warnings
+    (an unknown swept variable, one SGLang does not read) are added to its reasons."""
+    swept = [axis.env for axis in spec.axes.values() if axis.env is not None]
+    errors, warnings = env_findings(point_env(spec, point.axes), point.requested, swept=swept)
+    reasons = tuple(
+        f.message + (f" (fix: {f.suggestion})" if f.suggestion else "") for f in errors or warnings
+    )
+    if errors:
+        return PointOutcome(
+            "invalid", outcome.effective, reasons + (outcome.reasons if outcome.status == "invalid" else ())
+        )
+    return PointOutcome(outcome.status, outcome.effective, outcome.reasons + reasons)
 
 
 def unchecked_plan(spec: SweepSpec) -> Plan:

@@ -29,6 +29,7 @@ from workers.job import (
     Timeouts,
 )
 from workers.sglang import api
+from workers.sglang.axes import switch_problem
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
 # owns where the server listens and the tag that tells its server from another, the spec owns the model
@@ -47,6 +48,46 @@ OWNED_FLAGS: tuple[str, ...] = (
     "--speculative-num-draft-tokens",
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a column-safe identifier: it names a results column
+
+
+class ServerAxis(StrictModel):
+    """One server setting swept like the speculative parameters: an SGLang flag or an environment variable,
+    with its values (docs/axes.md)."""
+
+    flag: str | None = Field(
+        default=None,
+        description="An SGLang launch flag, e.g. --cuda-graph-max-bs-decode. A switch (a flag without a "
+        "value) takes 'true' (given) or 'false' (left out). Give flag or env.",
+    )
+    env: str | None = Field(
+        default=None,
+        description="An environment variable of the server process, e.g. SGLANG_ENABLE_SPEC_V2 (checked "
+        "against the project's table of SGLang variables; an unknown one is passed with a warning).",
+    )
+    values: list[str] = Field(
+        default_factory=list,
+        description="The values to sweep, as strings, crossed with the other axes' values; leave out when "
+        "axis_points lists the combinations.",
+    )
+
+    @model_validator(mode="after")
+    def _one_setting(self) -> ServerAxis:
+        if (self.flag is None) == (self.env is None):
+            raise ValueError("give exactly one of flag (an SGLang flag) and env (an environment variable)")
+        if self.flag is not None and not self.flag.startswith("--"):
+            raise ValueError(f"flag: {self.flag!r} is not a flag (SGLang's start with --)")
+        if self.env is not None and not _ENV_NAME.match(self.env):
+            raise ValueError(f"env: {self.env!r} is not a valid environment variable name")
+        repeated = sorted({v for v in self.values if self.values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"values: {', '.join(map(repr, repeated))} given twice")
+        return self
+
+    @property
+    def setting(self) -> str:
+        """The flag or the variable, as the user wrote it."""
+        return self.flag or self.env or ""
 
 
 class SpeculativeGrid(StrictModel):
@@ -154,6 +195,17 @@ class SweepSpec(StrictModel):
         default=None, description="The speculative configurations to try; none for a baseline-only sweep."
     )
     baseline: bool = Field(default=True, description="Also run a server without speculative decoding.")
+    axes: dict[str, ServerAxis] = Field(
+        default_factory=dict,
+        description="Server axes by name (a column-safe identifier): SGLang flags or environment variables "
+        "swept with the speculative grid; every combination of their values runs every grid point and the "
+        "baseline (docs/axes.md). Not: a flag of base_args or one the sweep sets, a variable of env.",
+    )
+    axis_points: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="Explicit combinations of axis values, each naming every axis (e.g. {graph_bs: '64', "
+        "spec_v2: '1'}), run instead of the cross product of the axes' values; the axes then give no values.",
+    )
     load: LoadPlan = Field(description="Load levels run against every server.")
     repeats: PositiveInt = Field(default=1, description="Times each configuration is run (separate jobs).")
     retries: Annotated[int, Field(ge=0)] = Field(
@@ -208,9 +260,12 @@ class SweepSpec(StrictModel):
         # The default search is left out, so sweeps started before the field existed keep their id; the
         # analysis fields say how to read results, not what to measure.
         # The confirmation adds a launch after the sweep's own; it changes none of them.
+        # Without axes the fields are left out too, so sweeps from before them keep their id.
         exclude = {"output_dir", "confirm_adaptive", *ANALYSIS_FIELDS} | (
             {"search"} if self.search == SearchSpec() else set()
         )
+        if not self.axes:
+            exclude |= {"axes", "axis_points"}
         canonical = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -256,6 +311,56 @@ def check_env_names(spec: SweepSpec) -> None:
             raise ValueError(f"env: {name!r} is not a valid environment variable name")
 
 
+def check_axes(spec: SweepSpec) -> None:
+    """Axes sweep settings nobody else sets, under column-safe names, with values or explicit points."""
+    base_flags = {token.split("=", 1)[0] for token in spec.base_args if token.startswith("--")}
+    seen: dict[str, str] = {}
+    for name, axis in spec.axes.items():
+        where = f"axes.{name}"
+        if not _AXIS_NAME.match(name):
+            raise ValueError(
+                f"{where}: the name must be a letter or _ then letters, digits or _ (a column name)"
+            )
+        setting = axis.setting
+        if setting in seen:
+            raise ValueError(f"{where}: {setting} is already swept by axis {seen[setting]!r}")
+        seen[setting] = name
+        if setting in OWNED_FLAGS:
+            raise ValueError(
+                f"{where}: {setting} is set by the sweep (model_path, drafter, speculative grid, launcher); "
+                "it cannot be an axis"
+            )
+        if setting in base_flags or (axis.env is not None and axis.env in spec.env):
+            field = "base_args" if axis.flag else "env"
+            raise ValueError(f"{where}: {setting} is also given in {field}; remove it there")
+        if spec.axis_points and axis.values:
+            raise ValueError(f"{where}: values are given by axis_points; remove this axis's values")
+        if not spec.axis_points and not axis.values:
+            raise ValueError(f"{where}: give values (or list the combinations in axis_points)")
+        problem = axis.flag and switch_problem(
+            axis.flag, axis.values or [point.get(name, "") for point in spec.axis_points]
+        )
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+    for i, point in enumerate(spec.axis_points):
+        if not spec.axes:
+            raise ValueError("axis_points: there are no axes: define them under `axes`")
+        if set(point) != set(spec.axes):
+            missing = sorted(set(spec.axes) - set(point))
+            extra = sorted(set(point) - set(spec.axes))
+            detail = "; ".join(
+                part
+                for part in (f"missing {', '.join(missing)}" if missing else "",
+                             f"no such axis {', '.join(extra)}" if extra else "")
+                if part
+            )  # fmt: skip
+            raise ValueError(f"axis_points.{i}: name every axis once ({detail})")
+        if spec.axis_points.index(point) != i:
+            raise ValueError(
+                f"axis_points.{i}: the same combination as axis_points.{spec.axis_points.index(point)}"
+            )
+
+
 def check_search_fits_the_load(spec: SweepSpec) -> None:
     """The model search ranks closed-loop levels by throughput; budgets mean nothing to the grid."""
     search = spec.search
@@ -278,6 +383,7 @@ SPEC_CHECKS: tuple[Callable[[SweepSpec], None], ...] = (
     check_grid_is_complete,
     check_base_args_leave_owned_flags,
     check_env_names,
+    check_axes,
     check_search_fits_the_load,
 )
 

@@ -417,6 +417,9 @@ class JobSpec(BaseModel):
     role: Role = "sweep"
     # A confirmation job's adaptive schedule: (batch-size threshold, draft steps) pairs, 0 = no drafting.
     adaptive_steps: tuple[tuple[int, int], ...] = ()
+    # The server-axis values this job runs, (axis name, value) in the spec's order; already in base_args
+    # and env, named here for the results' jobs.axes column.
+    axes: tuple[tuple[str, str], ...] = ()
 
     def launch_args(self, draft_path: str | None, adaptive_config_path: str | None = None) -> list[str]:
         """SGLang arguments of this job's server (without --host/--port), with the drafter at

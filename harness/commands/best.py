@@ -107,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="level: the config to deploy per load level (default); category: per level and request "
         "category, the config whose requests of that category decode fastest (mean TPOT)",
     )
+    parser.add_argument(
+        "--axis",
+        metavar="NAME",
+        help="rank within each value of the server axis NAME on its own (the configs run at that value, "
+        "speedups over the baseline run at it): one ranking per value",
+    )
     add_format_argument(parser, json_alias=True)
     parser.add_argument(
         "--emit",
@@ -118,9 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def selection_from_args(
-    args: argparse.Namespace, store: ResultStore
+    args: argparse.Namespace, store: ResultStore, axis: tuple[str, str] | None = None
 ) -> tuple[duckdb.DuckDBPyConnection, Selection]:
-    """Open OUT (``store``) and run the selection the flags ask for (shared with ``report``)."""
+    """Open OUT (``store``) and run the selection the flags ask for (shared with ``report``); ``axis``:
+    only the jobs run at this (server axis, value)."""
     from analysis.select import select_best
     from analysis.views import connect, readable_results
 
@@ -140,6 +147,7 @@ def selection_from_args(
             seed=args.seed,
             allow_partial=args.allow_partial,
             max_error_rate=args.max_error_rate,
+            axis=axis,
         )
     return con, selection
 
@@ -213,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_by_category(args, store)
     if args.objective == CAPACITY:
         return _run_capacity(args, store)
+    if args.axis is not None:
+        return _run_by_axis(args, store)
     if args.emit is not None:
         from harness.emit import check_destination
 
@@ -378,6 +388,43 @@ def _run_by_category(args: argparse.Namespace, store: ResultStore) -> int:
         )
     else:
         print("\n".join([*(f"note: {note}" for note in notes), format_by_category(choices)]))
+    return 0
+
+
+def _run_by_axis(args: argparse.Namespace, store: ResultStore) -> int:
+    """``best --axis NAME``: one ranking per value of the server axis, each over the jobs run at it."""
+    from analysis.axes import axis_values
+
+    _refuse_emit(
+        args,
+        "--emit deploys one launch, and --axis ranks per axis value",
+        fix="drop --axis to emit (the config labels name their axis values), or --emit to rank per value",
+    )
+    with _open_results(store) as con:
+        values = axis_values(con, args.axis)
+    rankings: list[tuple[str, Selection]] = []
+    for value in values:
+        con, selection = selection_from_args(args, store, axis=(args.axis, value))
+        con.close()
+        rankings.append((value, selection))
+    if args.format == "json":
+        print_json(
+            {"axis": args.axis, "values": [{"value": v, **dataclasses.asdict(s)} for v, s in rankings]}
+        )
+    elif args.format == "csv":
+        print_csv(
+            ("axis_value", *SELECTION_CSV_COLUMNS),
+            ((value, *row) for value, selection in rankings for row in selection_csv_rows(selection)),
+        )
+    else:
+        print("\n\n".join(f"### {args.axis} = {v}\n{format_selection(s)}" for v, s in rankings))
+    if all(level.winner is None for _, selection in rankings for level in selection.levels):
+        raise NoConfigMeetsSlosError(
+            f"no config meets every SLO at any load level and value of {args.axis}: there is nothing to deploy",
+            where="--slo" if rankings[0][1].slos else "--max-error-rate",
+            fix="relax the limits the excluded configs miss (each one's reasons are listed), or measure "
+            "other configs",
+        )
     return 0
 
 

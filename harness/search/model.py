@@ -43,6 +43,9 @@ class Candidate:
     steps: int | None  # None: no speculative decoding (the baseline)
     topk: int | None
     draft_tokens: int | None
+    # The server-axis setting it runs ("" without axes): the model assumes nothing across settings, so
+    # each is a sub-space of its own (acceptance and step costs fitted within it).
+    subspace: str = ""
 
     @property
     def speculative(self) -> bool:

@@ -39,6 +39,7 @@ def candidates_of(plan: Plan) -> tuple[Candidate, ...]:
                 eff.speculative_num_steps if eff.speculative_algorithm else None,
                 eff.speculative_eagle_topk if eff.speculative_algorithm else None,
                 eff.speculative_num_draft_tokens if eff.speculative_algorithm else None,
+                " ".join(f"{name}={value}" for name, value in job.axes),
             ),
         )
     return tuple(seen.values())

@@ -22,6 +22,7 @@ each level's answer is its best measured config (never a prediction).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -81,9 +82,28 @@ class Decision:
     levels: tuple[LevelBelief, ...]
 
 
+def _subspaces(candidates: tuple[Candidate, ...]) -> list[tuple[Candidate, ...]]:
+    """The candidates of each server-axis setting, in plan order (one group without axes)."""
+    groups: dict[str, list[Candidate]] = {}
+    for cand in candidates:
+        groups.setdefault(cand.subspace, []).append(cand)
+    return [tuple(group) for group in groups.values()]
+
+
 def predictions(state: SearchState, noise: float = MEASUREMENT_NOISE) -> dict[tuple[str, str], Prediction]:
     """Throughput interval of every candidate at every level: measured ones from their launches,
-    the others from the model (see harness.search.model)."""
+    the others from the model (see harness.search.model), fitted within each server-axis setting on its
+    own: the model has no term for an axis, so it carries nothing from one setting to another."""
+    out: dict[tuple[str, str], Prediction] = {}
+    for group in _subspaces(state.candidates):
+        ids = {c.config_id for c in group}
+        own = tuple(o for o in state.observations if o.config_id in ids)
+        out |= _predictions_within(dataclasses.replace(state, candidates=group, observations=own), noise)
+    return out
+
+
+def _predictions_within(state: SearchState, noise: float) -> dict[tuple[str, str], Prediction]:
+    """``predictions`` for candidates that share one server-axis setting."""
     cands = {c.config_id: c for c in state.candidates}
     obs = list(state.observations)
     names = tuple(name for name, _ in state.levels)
@@ -120,7 +140,13 @@ def predictions(state: SearchState, noise: float = MEASUREMENT_NOISE) -> dict[tu
 
 
 def seed_order(candidates: tuple[Candidate, ...]) -> list[Candidate]:
-    """The launches that make the model identifiable, most informative first (see the module doc)."""
+    """The launches that make the model identifiable, most informative first (see the module doc), for
+    each server-axis setting in turn (each is fitted on its own)."""
+    return [pick for group in _subspaces(candidates) for pick in _seeds_within(group)]
+
+
+def _seeds_within(candidates: tuple[Candidate, ...]) -> list[Candidate]:
+    """``seed_order`` for candidates that share one server-axis setting."""
     chains = [c for c in candidates if c.is_chain]  # topk 1, or a tree too small to branch
     trees = [c for c in candidates if c.speculative and not c.is_chain]
     picks: list[Candidate | None] = [

@@ -82,4 +82,5 @@ def job_record(
         input_digests=json.dumps(facts.input_digests, sort_keys=True)
         if facts.input_digests is not None
         else None,
+        axes=json.dumps(dict(job.axes)) if job.axes else None,
     )
