@@ -99,10 +99,17 @@ def progress_for(stream: TextIO = sys.stdout) -> Progress:
 
 
 @contextmanager
-def ticking(describe: Callable[[], str], stream: TextIO = sys.stderr) -> Iterator[None]:
+def ticking(
+    describe: Callable[[], str], stream: TextIO = sys.stderr, *, quiet_s: float = 0.0
+) -> Iterator[None]:
     """While the body runs, show where a long step stands (``describe()``, read from another thread): one
     line redrawn in place with a spinner on a terminal; otherwise a timestamped line when it starts, every
-    ``PLAIN_INTERVAL_S`` and when it ends."""
+    ``PLAIN_INTERVAL_S`` and when it ends. With ``quiet_s``, a step that ends sooner shows nothing (its
+    output stays what it was without a progress display) and a longer one starts showing then."""
+    if quiet_s > 0:
+        with _after(quiet_s, describe, stream):
+            yield
+        return
     stop = threading.Event()
     if stream.isatty():
         from rich.console import Console
@@ -138,3 +145,34 @@ def ticking(describe: Callable[[], str], stream: TextIO = sys.stderr) -> Iterato
         stop.set()
         ticker.join()
         show(True)
+
+
+@contextmanager
+def _after(quiet_s: float, describe: Callable[[], str], stream: TextIO) -> Iterator[None]:
+    """``ticking`` from ``quiet_s`` into the body on, and not at all when the body ends first."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(quiet_s):
+            with ticking(describe, stream):
+                done.wait()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+STEP_QUIET_S = 2.0  # a command's step shorter than this shows no progress line
+
+
+@contextmanager
+def long_step(what: str, stream: TextIO) -> Iterator[None]:
+    """``ticking`` for one step of a command, named ``what``, with the seconds it has taken so far; shown
+    only once it has run ``STEP_QUIET_S``."""
+    began = time.monotonic()
+    with ticking(lambda: f"{what}: {time.monotonic() - began:.0f} s", stream, quiet_s=STEP_QUIET_S):
+        yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -228,8 +229,11 @@ def run(args: argparse.Namespace) -> int:
 
         check_destination(args.emit)  # before the ranking, which can take a while
     from harness.deploy_launch import deploy_launches
+    from harness.progress import long_step
 
-    con, selection = selection_from_args(args, store)
+    steps = sys.stdout if args.format == "table" else sys.stderr  # json and csv keep stdout clean
+    with long_step("best: ranking the configs", steps):
+        con, selection = selection_from_args(args, store)
     try:
         confirmation = confirmation_from_args(args, store, con, selection)
         launches = deploy_launches(con, args.publish_drafter, emitting=args.emit is not None)
@@ -237,9 +241,10 @@ def run(args: argparse.Namespace) -> int:
         if args.emit is not None:
             from harness.emit import emit
 
-            deployment = emit(
-                con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
-            )
+            with long_step("best --emit: building and validating the deploy launches", steps):
+                deployment = emit(
+                    con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
+                )
     finally:
         con.close()
     if args.format == "json":

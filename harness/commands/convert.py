@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from harness.commands.base import Command
@@ -99,7 +100,10 @@ def print_human(report: ConversionReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = convert(args.src, args.dst, _options(args))
+    from harness.progress import long_step
+
+    with long_step(f"converting {args.src}", sys.stderr if args.json else sys.stdout):
+        report = convert(args.src, args.dst, _options(args))
     if args.json:
         print(report.model_dump_json(indent=2))
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,9 @@ def test_best_emit_writes_portable_launch_and_adaptive_schedule_sglang_routes_wh
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "recommended adaptive" in done.stdout
+    # SGLang's resolver takes seconds: the step says so, a plain line as the output is not a terminal
+    step = r"^\d\d:\d\d:\d\d best --emit: building and validating the deploy launches: \d+ s$"
+    assert re.search(step, done.stdout, flags=re.M), done.stdout
     result = json.loads((dest / "deploy.json").read_text())
     adaptive = result["adaptive"]
     assert adaptive["chosen"] == {
