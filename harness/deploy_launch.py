@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import yaml
 
 from harness.spec import SweepSpec, parse_spec
-from specsweep.errors import ResultsError
+from specsweep.errors import ResultsError, SpecError
 from workers.sglang import deploy as sglang_deploy
 
 if TYPE_CHECKING:
     import duckdb
 
-NO_SPEC = "the sweep row holds no spec: paths are as measured"
+NO_SPEC = "the sweep row holds no spec this version reads: paths are as measured"
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,16 @@ def sweep_spec(con: duckdb.DuckDBPyConnection, *, where: str = "--emit") -> Swee
 
 
 def _spec_or_none(con: duckdb.DuckDBPyConnection) -> SweepSpec | None:
+    """The sweep's spec, or None where the sweep row holds none this version reads (synthetic results, a
+    spec of another specsweep version): the launches are then shown as measured, and say so."""
     rows = con.sql("SELECT spec_text FROM sweep").fetchall()
     data = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
     if not isinstance(data, dict) or "model_path" not in data:
         return None
-    return parse_spec(data, source="the sweep's spec")
+    try:
+        return parse_spec(data, source="the sweep's spec")
+    except SpecError:
+        return None
 
 
 def measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:

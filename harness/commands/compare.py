@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from harness.commands.base import Command
 from harness.output import add_format_argument, print_csv, print_json
 from specsweep.errors import ResultsError
+
+if TYPE_CHECKING:
+    from analysis.compare import Comparison
 
 CATEGORY_METRICS = ("tpot_p50_ms", "ttft_p99_ms")  # --by category: percentiles (a rate is per level)
 
@@ -83,6 +88,26 @@ def _metrics(args: argparse.Namespace) -> tuple[str, ...]:
     return names
 
 
+def compare_outs(outs: Sequence[str], **options: Any) -> Comparison:
+    """``analysis.compare.compare_sweeps`` over the sweeps at ``outs`` (directories or URIs; the first is
+    the reference), with SGLang's launch flags compared as a deployment sees them; ``options`` are
+    ``compare_sweeps``'s keywords."""
+    from analysis.compare import compare_sweeps
+    from analysis.store import open_store
+    from analysis.views import connect, readable_results
+    from workers.sglang.deploy import compared_flags
+
+    with contextlib.ExitStack() as stack:
+        sweeps = []
+        for out in outs:
+            store = open_store(out)
+            with readable_results(store):
+                con = connect(store)
+            stack.callback(con.close)
+            sweeps.append((store, con))
+        return compare_sweeps(sweeps, flags_of=compared_flags, **options)
+
+
 def _check_html_target(path: Path | None) -> None:
     if path is not None and path.is_dir():  # found before the work, not after it
         raise ResultsError(
@@ -93,10 +118,8 @@ def _check_html_target(path: Path | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.compare import CSV_COLUMNS, compare_sweeps, comparison_page, format_text
-    from analysis.store import open_store, write_local_atomic
-    from analysis.views import connect, readable_results
-    from workers.sglang.deploy import compared_flags
+    from analysis.compare import CSV_COLUMNS, comparison_page, format_text
+    from analysis.store import write_local_atomic
 
     if len(args.outs) < 2:
         raise ResultsError(
@@ -104,24 +127,15 @@ def run(args: argparse.Namespace) -> int:
         )
     metrics = _metrics(args)
     _check_html_target(args.html)
-    stores = [open_store(out) for out in args.outs]
-    with contextlib.ExitStack() as stack:
-        sweeps = []
-        for store in stores:
-            with readable_results(store):
-                con = connect(store)
-            stack.callback(con.close)
-            sweeps.append((store, con))
-        comparison = compare_sweeps(
-            sweeps,
-            metrics=metrics,
-            by=args.by,
-            replicates=args.bootstrap,
-            confidence=args.confidence,
-            seed=args.seed,
-            allow_partial=args.allow_partial,
-            flags_of=compared_flags,
-        )
+    comparison = compare_outs(
+        args.outs,
+        metrics=metrics,
+        by=args.by,
+        replicates=args.bootstrap,
+        confidence=args.confidence,
+        seed=args.seed,
+        allow_partial=args.allow_partial,
+    )
     if args.format == "json":
         print_json(comparison.as_json())
     elif args.format == "csv":

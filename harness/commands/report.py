@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="where to write (default OUT/report.html; into the bucket when OUT is a URI)",
     )
+    parser.add_argument(
+        "--compare-with",
+        metavar="REF",
+        default=None,
+        help="add a section comparing this sweep with the sweep at REF (its OUT directory or URI), as "
+        "`specsweep compare REF OUT` does: each config's ratio to REF with its interval, ties, what changed",
+    )
 
 
 def server_timeline() -> tuple[tuple[str, str], ...]:
@@ -34,6 +41,22 @@ def server_timeline() -> tuple[tuple[str, str], ...]:
         (api.METRIC_TOKEN_USAGE, "KV pool in use"),
         (api.METRIC_SPEC_ACCEPT_LENGTH, "accept length"),
     )
+
+
+def _comparison_section(args: argparse.Namespace) -> str:
+    """The report's comparison with ``--compare-with`` (the reference) as HTML."""
+    from analysis.compare import DEFAULT_METRICS, render_html
+    from harness.commands.compare import compare_outs
+
+    comparison = compare_outs(
+        [args.compare_with, args.out],
+        metrics=DEFAULT_METRICS,
+        replicates=args.bootstrap,
+        confidence=args.confidence,
+        seed=args.seed,
+        allow_partial=args.allow_partial,
+    )
+    return render_html(comparison)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,12 +73,20 @@ def run(args: argparse.Namespace) -> int:
             where=str(target),
             fix="pass a file name, e.g. -o report.html",
         )
+    comparison = [] if args.compare_with is None else [_comparison_section(args)]
     con, selection = selection_from_args(args, store)
     try:
         confirmation = confirmation_from_args(args, store, con, selection)
         with readable_results(store):
             launches = deploy_launches(con, args.publish_drafter)
-            html = render_report(con, selection, server_timeline(), confirmation, launches=launches)
+            html = render_report(
+                con,
+                selection,
+                server_timeline(),
+                confirmation,
+                launches=launches,
+                extra_sections=comparison,
+            )
     finally:
         con.close()
     if target is None:  # OUT is an object store: the report goes next to the results

@@ -241,3 +241,25 @@ def test_compare_refuses_in_one_line_when_given_one_sweep_or_an_unknown_metric(
     captured = capsys.readouterr()
     assert captured.out == "" and "Traceback" not in captured.err
     assert "two or more sweeps" in captured.err and "not a metric compare can resample" in captured.err
+
+
+def test_report_holds_the_comparison_section_when_compared_with_a_reference_sweep(
+    drafters: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`report B --compare-with A` embeds the comparison `compare A B` prints: the halved TPOT's ratio
+    and interval, the tie of the unchanged baseline, and what changed (the drafter); without the option
+    the report has no comparison section."""
+    a, b = drafters
+    data = _compare_json(capsys, str(a), str(b))
+    row = _row(data, "concurrency=16", "chain d=4", "tpot_p50_ms")
+    page = tmp_path / "report.html"
+    args = ["report", str(b), "-o", str(page), "--bootstrap", "400"]
+    assert main([*args, "--compare-with", str(a)]) == 0
+    html = page.read_text()
+    section = html.split("<section id='comparison'>", 1)[1].split("</section>", 1)[0]
+    assert (
+        f"<td>{row['ratio']:.3f}x</td><td>[{row['ratio_low']:.3f}, {row['ratio_high']:.3f}]</td>" in section
+    )
+    assert "<tr class='tie'>" in section and "drafter" in section
+    assert main(args) == 0
+    assert "<section id='comparison'>" not in page.read_text()
