@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from analysis.glossary import GLOSSARY
 from analysis.schema import GPU_POWER_W, GPU_SM_CLOCK_MHZ
 from analysis.select import Interval, Selection, share_text
 from specsweep.errors import ResultsError
@@ -66,29 +67,6 @@ tr.tie td { color: #555; } tr.excluded td { color: #999; }
 dl.glossary dt { font-weight: 600; } dl.glossary dd { margin: 0 0 0.4rem 1.2rem; }
 """
 # Every term the report (and `specsweep best`) prints without saying what it means.
-GLOSSARY: dict[str, str] = {
-    "baseline": "the same server without speculative decoding; speedups are over it",
-    "speedup": "a config's objective over the baseline's at the same level (throughput: higher is better)",
-    "CI": "confidence interval from a bootstrap: requests resampled within each launch, launches resampled "
-    "with replacement, so launch-to-launch noise widens it",
-    "tie / not distinguishable": "the interval of the difference to the winner holds 0: the data cannot "
-    "tell the two apart",
-    "MAD": "median absolute deviation of the objective over repeats (launches): how much a launch varies",
-    "accept length": "tokens emitted per verify step (1 = every draft rejected); higher means the drafter "
-    "guesses better",
-    "TTFT / TPOT": "time to first token / time per output token after the first (ms)",
-    "goodput": "requests per second that succeeded within the per-request SLOs",
-    "mix score": "a config's objective at each level as a fraction of that level's winner, averaged with "
-    "the spec's deploy_weights (1 = wins every level)",
-    "MRR": "--max-running-requests: how many requests the server batches at most",
-    "slot": "the GPUs one server runs on (gpus_per_server of a node)",
-    "leased": "a job taken from the queue by a node worker, which must renew its lease or the job is "
-    "retried elsewhere",
-    "client-added delay": "the load generator's own delay between a chunk leaving a loopback server and its "
-    "time stamp (calibrated before the sweep): the floor under every latency measured",
-    "Pareto front": "the config x level points no other point beats in both per-user and per-GPU tokens/s",
-    "capacity": "the highest load at which a config still met the capacity SLO",
-}
 
 
 class LaunchText(Protocol):

@@ -79,3 +79,13 @@ def test_seed_launches_script_fails_with_the_fix_when_specsweep_is_missing(tmp_p
     assert done.returncode == 2
     assert "make venv sglang-venv" in done.stderr
     assert "==" not in done.stdout
+
+
+def test_docs_results_md_defines_every_term_of_the_glossary_when_read() -> None:
+    """docs/results.md's "Terms" is the glossary the report shows (leased, MRR, MAD, slot, mix score, ...),
+    word for word: a term added to or changed in analysis/glossary.py must reach the doc."""
+    from analysis.glossary import glossary_markdown
+
+    assert glossary_markdown() in (REPO / "docs" / "results.md").read_text(), (
+        "docs/results.md's Terms section is stale: paste analysis.glossary.glossary_markdown() there"
+    )
