@@ -406,7 +406,7 @@ class JobSpec(BaseModel):
     drafter: DrafterSpec | None
     base_args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    gpus: int
+    gpus: int  # of the whole server: gpus // nodes on each node
     requested: SpecParams  # what the first grid point it serves asked for
     effective: SpecParams  # what the validator says the server runs (and the worker checks live)
     requested_points: tuple[str, ...]
@@ -417,6 +417,7 @@ class JobSpec(BaseModel):
     role: Role = "sweep"
     # A confirmation job's adaptive schedule: (batch-size threshold, draft steps) pairs, 0 = no drafting.
     adaptive_steps: tuple[tuple[int, int], ...] = ()
+    nodes: int = 1  # nodes the server spans (one rank per node, workers.sglang.multinode)
 
     def launch_args(self, draft_path: str | None, adaptive_config_path: str | None = None) -> list[str]:
         """SGLang arguments of this job's server (without --host/--port), with the drafter at
