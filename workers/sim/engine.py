@@ -28,6 +28,7 @@ from workers.sim.model import (
     DraftShape,
     SimProfile,
     admissions,
+    cross_node_seconds,
     decode_step_seconds,
     depth_accept_probs,
     prefill_seconds,
@@ -151,8 +152,10 @@ class SimEngine:
         *,
         drafts_always_rejected: bool = False,
         adaptive: AdaptiveSchedule | None = None,
+        nnodes: int = 1,
     ) -> None:
         self.settings = settings
+        self.nnodes = nnodes  # nodes the server's tensor parallelism spans (model.cross_node_seconds)
         self.profile: SimProfile = settings.profile
         self.shape = shape  # the launch's shape; an adaptive server drafts a prefix of its chain per batch
         self.adaptive = adaptive
@@ -276,14 +279,21 @@ class SimEngine:
             admitted_count = admissions(len(self.waiting), len(self.running), self.max_running)
             if admitted_count:
                 admitted = [self.waiting.popleft() for _ in range(admitted_count)]
+                tokens = sum(r.prompt_tokens for r in admitted)
+                seconds = prefill_seconds(self.profile, tokens)
                 deadline += round(
-                    prefill_seconds(self.profile, sum(r.prompt_tokens for r in admitted)) * scale_ns
+                    (seconds + cross_node_seconds(self.profile, self.nnodes, tokens)) * scale_ns
                 )
                 await timer.sleep_until(deadline)
                 self._finish_prefill(admitted, deadline)
             else:
                 shape = self._decode_shape(len(self.running))
-                deadline += round(decode_step_seconds(self.profile, shape, len(self.running)) * scale_ns)
+                batch = len(self.running)
+                verified = batch * (shape.num_draft_tokens if shape else 1)
+                seconds = decode_step_seconds(self.profile, shape, batch)
+                deadline += round(
+                    (seconds + cross_node_seconds(self.profile, self.nnodes, verified)) * scale_ns
+                )
                 await timer.sleep_until(deadline)
                 await self._finish_decode(deadline, shape)
 
