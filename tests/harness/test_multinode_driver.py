@@ -3,9 +3,12 @@ results, and a rank's death ending the whole server (retried as a unit, nothing 
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.cli import main
+from harness.driver import SweepSummary
 from harness.queue import open_read_only
 from tests.harness.test_driver import (  # noqa: F401  (env_dirs, models: fixtures shared with test_driver)
     LEVELS,
@@ -27,6 +32,7 @@ from tests.harness.test_driver import (  # noqa: F401  (env_dirs, models: fixtur
     rows,
     run,
 )
+from workers.sglang import validate
 
 pytestmark = pytest.mark.ray
 
@@ -74,16 +80,24 @@ def rank_processes(job_id: str, rank: int) -> list[psutil.Process]:
     return found
 
 
-def test_driver_runs_two_node_servers_exactly_once_when_four_nodes(
+@pytest.fixture(scope="module")
+def two_node_sweep(
     cluster: Any,
     models: dict[str, str],  # noqa: F811
-    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, SweepSummary, str]:
+    """A finished sweep of four jobs on servers of two nodes: its output, summary and progress log."""
+    out = tmp_path_factory.mktemp("two-node") / "out"
+    summary, log = run(make_spec(models, out, speculative={"chain_depths": [2, 3, 4]}, **TWO_NODE))
+    return out, summary, log
+
+
+def test_driver_runs_two_node_servers_exactly_once_when_four_nodes(
+    two_node_sweep: tuple[Path, SweepSummary, str],
 ) -> None:
     """nodes_per_server 2 on four nodes: two slots, each holding two different nodes, both serving at
     once; every job done once with rank 0's log and rank 1's, and nothing left running."""
-    out = tmp_path / "out"
-    spec = make_spec(models, out, speculative={"chain_depths": [2, 3, 4]}, **TWO_NODE)
-    summary, log = run(spec)
+    out, summary, log = two_node_sweep
     assert summary.counts == {"pending": 0, "leased": 0, "done": 4, "failed": 0}, log
     _counts, jobs, attempts = queue_state(out)
     assert [j.attempts for j in jobs] == [1] * 4
@@ -171,3 +185,39 @@ def test_driver_retries_server_as_unit_and_leaves_no_process_when_a_rank_is_kill
     assert len(rows(out, "levels")) == LEVELS
     assert processes_of_job(job_id[0]) == []
     assert rank_processes(job_id[0], 0) == [] and rank_processes(job_id[0], 1) == []
+
+
+def test_best_emit_writes_one_script_per_rank_that_sglang_accepts_when_two_node_sweep(
+    two_node_sweep: tuple[Path, SweepSummary, str],
+    models: dict[str, str],  # noqa: F811
+    sglang_python: str,
+    tmp_path: Path,
+) -> None:
+    """`best --emit` of a two-node sweep writes launch-rank0.sh and launch-rank1.sh (no one-node
+    launch.sh): the same server flags, --nnodes 2, their own --node-rank, rank 0's address from
+    $DIST_INIT_ADDR (a script run without it stops and says so), none of the sweep's addresses; SGLang's
+    resolver accepts each rank's launch."""
+    out, _summary, _log = two_node_sweep
+    dest = tmp_path / "deploy"
+    assert main(["best", str(out), "--emit", str(dest), "--bootstrap", "100"]) == 0
+    assert sorted(p.name for p in dest.glob("launch*.sh")) == ["launch-rank0.sh", "launch-rank1.sh"]
+    deploy = json.loads((dest / "deploy.json").read_text())
+    assert [r["node_rank"] for r in deploy["ranks"]] == [0, 1]
+    assert all(r["validation"]["status"] == "ok" for r in deploy["ranks"]), deploy["ranks"]
+    for rank in (0, 1):
+        script = dest / f"launch-rank{rank}.sh"
+        line = script.read_text().splitlines()[-1]
+        argv = shlex.split(line.replace(line[line.index('"${DIST_INIT_ADDR') :], "10.0.0.1:5000"))[1:]
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == str(rank)
+        assert "--host" not in argv and "--port" not in argv and argv.count("--dist-init-addr") == 1
+        report = validate(
+            argv[3:],
+            sglang_python=sglang_python,
+            target_config_dir=models["target"],
+            draft_config_dir=deploy["drafter"]["measured_copies"][0],  # the published one is not made here
+        )
+        assert report.status == "ok" and "sglang 0.5.23" in report.checked_by, report.errors
+        unset = subprocess.run(
+            ["sh", str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=30
+        )
+        assert unset.returncode != 0 and "set DIST_INIT_ADDR to HOST:PORT of rank 0" in unset.stderr

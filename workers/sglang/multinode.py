@@ -18,9 +18,10 @@ from workers.sglang.flags import ArgvError, parse_launch_args
 NNODES_FLAG = "--nnodes"
 NODE_RANK_FLAG = "--node-rank"
 DIST_INIT_ADDR_FLAG = "--dist-init-addr"
+DIST_INIT_ADDR_FLAGS: tuple[str, ...] = (DIST_INIT_ADDR_FLAG, "--nccl-init-addr")  # the flag and its alias
 # The harness sets these for every rank (one address per launch); a user value would point the ranks of
 # two servers at one rendezvous.
-RANK_FLAGS: tuple[str, ...] = (NNODES_FLAG, NODE_RANK_FLAG, DIST_INIT_ADDR_FLAG, "--nccl-init-addr")
+RANK_FLAGS: tuple[str, ...] = (NNODES_FLAG, NODE_RANK_FLAG, *DIST_INIT_ADDR_FLAGS)
 # What the planner validates with (rank 0; the real address is only known once rank 0 is placed).
 VALIDATION_DIST_INIT_ADDR = "127.0.0.1:29500"
 # Resolved-arg names (resolved_dict() keys and ServerArgs fields).
