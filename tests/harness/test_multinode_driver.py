@@ -221,3 +221,43 @@ def test_best_emit_writes_one_script_per_rank_that_sglang_accepts_when_two_node_
             ["sh", str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=30
         )
         assert unset.returncode != 0 and "set DIST_INIT_ADDR to HOST:PORT of rank 0" in unset.stderr
+
+
+def test_rank_group_reports_a_dead_rank_and_stops_every_rank_when_rank_zero_never_notices(
+    cluster: Any,
+    models: dict[str, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Rank 0's worker does not wait for NCCL to notice: a rank whose process exited is reported with its
+    exit (here rank 0 never started, so nothing else would end the attempt), and stop() ends every rank's
+    process, even one still waiting to join that would otherwise run until --dist-timeout."""
+    import ray
+
+    from harness.spec import parse_spec
+    from tests.harness.test_driver import plan_of
+    from workers.node.ports import reserved_port
+    from workers.node.ranks import RankGroup, RankWorker
+
+    spec = parse_spec(make_spec(models, tmp_path / "out", speculative=None, **TWO_NODE))
+    job = plan_of(spec).jobs[0]
+    workers = [
+        ray.remote(RankWorker).options(num_gpus=8, num_cpus=1).remote(str(tmp_path), 0, 1) for _ in range(2)
+    ]
+    try:
+        with reserved_port("127.0.0.1") as port:  # nobody listens: the ranks keep trying to join
+            for worker in workers:
+                group = RankGroup([worker])
+                group.start(job.model_dump_json(), 1, f"127.0.0.1:{port}")
+                waiting = rank_processes(job.job_id, 1)
+                assert len(waiting) == 1 and group.first_exit() is None
+                if worker is workers[0]:
+                    os.kill(waiting[0].pid, signal.SIGKILL)
+                    deadline = time.monotonic() + 10
+                    while (ended := group.first_exit()) is None and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    assert ended is not None and "node rank 1 exited with code -9" in ended.message
+                group.stop(5.0)
+                assert rank_processes(job.job_id, 1) == []
+    finally:
+        for worker in workers:
+            ray.kill(worker)
