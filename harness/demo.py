@@ -130,8 +130,9 @@ def _write_inputs(
     return DemoInputs(target=target, drafter=drafter, prompts=write_demo_prompts(root / prompts_file))
 
 
-def demo_spec(out: Path, inputs: DemoInputs) -> tuple[SweepSpec, str]:
-    """examples/demo.yaml with its model paths and prompt set pointed at the inputs written under ``out``."""
+def demo_spec(out: Path, inputs: DemoInputs, *, nodes_per_server: int = 1) -> tuple[SweepSpec, str]:
+    """examples/demo.yaml with its model paths and prompt set pointed at the inputs written under ``out``;
+    with ``nodes_per_server`` > 1 each server spans that many nodes (its --tp-size fills them all)."""
     if not DEMO_SPEC.is_file():
         raise SpecsweepError(
             f"the demo spec is missing: {DEMO_SPEC}",
@@ -144,6 +145,10 @@ def demo_spec(out: Path, inputs: DemoInputs) -> tuple[SweepSpec, str]:
     if workload.get("kind") == "prompt_set":
         data["load"]["workload"] = {**workload, "path": str(inputs.prompts)}
     data["output_dir"] = str(out)
+    if nodes_per_server > 1:
+        args = list(data["base_args"])
+        args[args.index("--tp-size") + 1] = str(data["gpus_per_server"] * nodes_per_server)
+        data["base_args"], data["nodes_per_server"] = args, nodes_per_server
     text = yaml.safe_dump(data, sort_keys=False)
     return parse_spec(data, source=str(DEMO_SPEC)), text
 

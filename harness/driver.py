@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -57,6 +57,7 @@ from specsweep.errors import ClusterError, InputsChangedError, StoreError, disk_
 from workers.job import AttemptResult, JobSpec
 from workers.node.actor import NodeWorker
 from workers.node.inputs import InputDigests, input_digests
+from workers.node.ranks import RankWorker
 from workers.node.records import AttemptFacts, job_record
 from workers.sglang import SGLANG_VERSION
 
@@ -66,7 +67,8 @@ NAMESPACE = "specsweep"
 POLL_S = 0.2
 QUEUE_PUBLISH_S = 5.0  # how often an object-store output gets a fresh copy of the queue (status reads it)
 MAX_ACTOR_START_FAILURES = 5  # a slot whose worker cannot even start this many times in a row is given up
-ATTEMPT_MARGIN_S = 120.0  # on top of the job's own stage limits before the driver gives up on a worker
+ATTEMPT_MARGIN_S = 120.0
+RANKS_READY_S = 60.0  # how long a multi-node slot's other rank workers get to answer once rank 0 did  # on top of the job's own stage limits before the driver gives up on a worker
 
 
 @ray.remote(num_cpus=0)
@@ -98,7 +100,8 @@ class Slot:
 
     index: int
     group: Any  # PlacementGroup
-    actor: Any = None
+    actor: Any = None  # the NodeWorker (rank 0 of a multi-node server), in bundle 0
+    ranks: list[Any] = field(default_factory=list)  # a multi-node server's RankWorkers, bundles 1..N-1
     ready_ref: Any = None
     job_ref: Any = None
     lease: Lease | None = None
@@ -207,16 +210,30 @@ def _cluster_gpus() -> list[tuple[str, float, float]]:
 
 
 def _slot_capacity(spec: SweepSpec) -> int:
-    """How many servers the alive nodes can hold at once."""
-    return sum(
+    """How many servers the alive nodes can hold at once: node bundles, each server's on distinct nodes."""
+    bundles = [
         min(int(gpus // spec.gpus_per_server), int(cpus // spec.cpus_per_server))
         for _, gpus, cpus in _cluster_gpus()
-    )
+    ]
+    nodes = spec.nodes_per_server
+    if nodes == 1:
+        return sum(bundles)
+    # k servers fit iff the nodes hold k * nodes bundles with at most k of them on one node (STRICT_SPREAD)
+    return max(k for k in range(sum(bundles) // nodes + 1) if sum(min(b, k) for b in bundles) >= k * nodes)
 
 
 def _placement_error(spec: SweepSpec, waited_s: float) -> ClusterError:
     nodes = _cluster_gpus()
     gpus = [int(g) for _, g, _ in nodes]
+    if spec.nodes_per_server > 1:
+        return ClusterError(
+            f"no server slot could be placed within {waited_s:.0f} s: each server asks for "
+            f"{spec.nodes_per_server} different nodes with {spec.gpus_per_server} GPUs and {spec.cpus_per_server} "
+            f"CPUs each (nodes_per_server, STRICT_SPREAD); the cluster has {len(nodes)} alive node(s) with GPUs "
+            f"{gpus or 'none'}",
+            fix=f"add nodes with {spec.gpus_per_server} GPUs (at least {spec.nodes_per_server}), lower "
+            "nodes_per_server (with a matching --tp-size), or raise timeouts.placement_s if nodes are still joining",
+        )
     return ClusterError(
         f"no server slot could be placed within {waited_s:.0f} s: each server asks for {spec.gpus_per_server} "
         f"GPUs and {spec.cpus_per_server} CPUs on ONE node (gpus_per_server, STRICT_PACK); the cluster has "
@@ -242,6 +259,7 @@ class Driver:
         self._inputs_changed: InputsChangedError | None = None
         self._job_seconds: list[float] = []
         self._worker_class = ray.remote(NodeWorker)
+        self._rank_class = ray.remote(RankWorker)
         self.search = SearchSession(spec, plan, out.store) if spec.search.strategy == "model" else None
         self._published_at = -math.inf
         self._search_asked_at: tuple[int, int] | None = None  # (done, failed) when it last had nothing
@@ -271,31 +289,47 @@ class Driver:
         jobs = pending if self.search is None else math.inf  # a search queues more as slots free up
         count = int(max(1, min(_slot_capacity(self.spec), self.spec.max_servers or math.inf, jobs)))
         bundle = {"GPU": float(self.spec.gpus_per_server), "CPU": float(self.spec.cpus_per_server)}
+        nodes = self.spec.nodes_per_server
+        strategy = "STRICT_PACK" if nodes == 1 else "STRICT_SPREAD"  # one bundle per node of the server
         for index in range(count):
-            slot = Slot(index=index, group=placement_group([bundle], strategy="STRICT_PACK"))
+            slot = Slot(index=index, group=placement_group([bundle] * nodes, strategy=strategy))
             self.slots.append(slot)
             self._start_worker(slot)
-        self.progress.event(
-            f"{count} server slot(s) of {self.spec.gpus_per_server} GPUs for {pending} pending job(s)"
-        )
+        shape = f"{self.spec.gpus_per_server} GPUs" + (f" on each of {nodes} nodes" if nodes > 1 else "")
+        self.progress.event(f"{count} server slot(s) of {shape} for {pending} pending job(s)")
 
     def _start_worker(self, slot: Slot) -> None:
-        slot.actor = self._worker_class.options(
-            num_gpus=self.spec.gpus_per_server,
-            num_cpus=self.spec.cpus_per_server,
-            max_restarts=0,
-            max_task_retries=0,
-            max_concurrency=2,  # cancel() runs beside run_job()
-            scheduling_strategy=PlacementGroupSchedulingStrategy(slot.group, placement_group_bundle_index=0),
-        ).remote(str(self.out.state.resolve()), slot.index)
+        def options(bundle: int, concurrency: int) -> dict[str, Any]:
+            return {
+                "num_gpus": self.spec.gpus_per_server,
+                "num_cpus": self.spec.cpus_per_server,
+                "max_restarts": 0,
+                "max_task_retries": 0,
+                "max_concurrency": concurrency,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    slot.group, placement_group_bundle_index=bundle
+                ),
+            }
+
+        out = str(self.out.state.resolve())
+        slot.ranks = [
+            self._rank_class.options(**options(rank, 2)).remote(out, slot.index, rank)  # poll() beside stop()
+            for rank in range(1, self.spec.nodes_per_server)
+        ]
+        # cancel() runs beside run_job()
+        slot.actor = self._worker_class.options(**options(0, 2)).remote(out, slot.index)
         slot.ready_ref = slot.actor.ready.remote()
         slot.set_state("placing")
 
+    def _kill_workers(self, slot: Slot) -> None:
+        for actor in [slot.actor, *slot.ranks]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # an actor on an unreachable node cannot be killed; its lease is fenced anyway
+                log.debug("ray.kill failed for slot %d", slot.index, exc_info=True)
+
     def _replace_worker(self, slot: Slot) -> None:
-        try:
-            ray.kill(slot.actor, no_restart=True)
-        except Exception:  # an actor on an unreachable node cannot be killed; its lease is fenced anyway
-            log.debug("ray.kill failed for slot %d", slot.index, exc_info=True)
+        self._kill_workers(slot)
         slot.job_ref = slot.lease = slot.job = None
         slot.deadline = math.inf
         slot.node = None
@@ -303,10 +337,7 @@ class Driver:
 
     def _teardown(self) -> None:
         for slot in self.slots:
-            try:
-                ray.kill(slot.actor, no_restart=True)
-            except Exception:
-                log.debug("ray.kill failed for slot %d", slot.index, exc_info=True)
+            self._kill_workers(slot)
             remove_placement_group(slot.group)
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -362,7 +393,7 @@ class Driver:
             job = self.jobs.get(lease.job_id) or JobSpec.model_validate_json(lease.payload)
             mark_leased(self.out, lease.job_id, lease.attempt)
             slot.lease, slot.job = lease, job
-            slot.job_ref = slot.actor.run_job.remote(lease.payload, lease.attempt, lease.token)
+            slot.job_ref = slot.actor.run_job.remote(lease.payload, lease.attempt, lease.token, slot.ranks)
             slot.deadline = time.monotonic() + self._attempt_budget(job)
             slot.set_state("busy")
             self.progress.event(
@@ -437,7 +468,9 @@ class Driver:
     def _on_ready(self, slot: Slot, ref: Any) -> None:
         try:
             info = ray.get(ref)
-        except RayActorError as err:
+            # the other ranks' workers sit in the same placement group, placed with rank 0's
+            ranks = ray.get([r.ready.remote() for r in slot.ranks], timeout=RANKS_READY_S)
+        except (RayActorError, GetTimeoutError) as err:
             slot.start_failures += 1
             if slot.start_failures >= MAX_ACTOR_START_FAILURES:
                 slot.set_state("lost")
@@ -452,8 +485,9 @@ class Driver:
         slot.start_failures = 0
         slot.node = info["node_host"]
         slot.set_state("idle")
-        self.queue.event("slot_ready", f"slot {slot.index} on {info['node_host']} ({info['node_id'][:12]})")
-        self.progress.event(f"slot {slot.index} ready on {info['node_host']} (node {info['node_id'][:12]})")
+        where = ", ".join(f"{r['node_host']} ({r['node_id'][:12]})" for r in [info, *ranks])
+        self.queue.event("slot_ready", f"slot {slot.index} on {where}")
+        self.progress.event(f"slot {slot.index} ready on {where}")
 
     def _on_job_answer(self, slot: Slot, ref: Any) -> None:
         lease, job = slot.lease, slot.job
@@ -484,6 +518,9 @@ class Driver:
                 result.error_class or ErrorClass.CRASH, result.error_text or "", result.log_tail, result
             )
             self._record_failure(lease, job, failure)
+            if not self._ranks_alive(slot):  # a rank's worker (or node) went: the slot starts afresh
+                self.queue.event("slot_lost", f"slot {slot.index}: a node rank's worker is gone")
+                self._replace_worker(slot)
             return
         changed = self._changed_inputs(job, result)
         if changed is not None:
@@ -528,6 +565,15 @@ class Driver:
             f"to measure the changed input, resume with {sweep_inputs.ACCEPT_FLAG} (new job ids) where this "
             "host can read it, else start the sweep in another --out",
         )
+
+    @staticmethod
+    def _ranks_alive(slot: Slot) -> bool:
+        """Whether every other rank's worker of a multi-node slot still answers."""
+        try:
+            ray.get([r.ready.remote() for r in slot.ranks], timeout=RANKS_READY_S)
+        except (RayActorError, GetTimeoutError):
+            return False
+        return True
 
     def _free(self, slot: Slot) -> None:
         slot.job_ref = slot.lease = slot.job = None

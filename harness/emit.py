@@ -5,7 +5,9 @@ written by this call are removed again and the error is one line naming DIR):
 
 - ``DIR/deploy.json``: the weights, the static and adaptive candidates with their mix scores, both
   launch argvs and their validation, which one is recommended, and the drafter's provenance;
-- ``DIR/launch.sh``: the recommended launch as one shell line;
+- ``DIR/launch.sh``: the recommended launch as one shell line; for a server over N nodes
+  (``nodes_per_server``) instead ``DIR/launch-rank0.sh`` .. ``launch-rank<N-1>.sh``, one per node, each
+  taking rank 0's ``HOST:PORT`` from ``$DIST_INIT_ADDR`` (every rank validated with SGLang's resolver);
 - ``DIR/adaptive.json``: the ``--speculative-adaptive-config`` file, when a schedule was built.
 
 The launch names the model and drafter as the spec does (a drafter that needed conversion by where
@@ -28,6 +30,7 @@ from harness.deploy_launch import DrafterTarget, drafter_target, measured_args, 
 from harness.spec import SweepSpec
 from specsweep.errors import ResultsError, disk_full_error, is_disk_full
 from workers.sglang import deploy as sglang_deploy
+from workers.sglang import multinode
 from workers.sglang.rules import read_model_config
 from workers.sglang.validate import validate_many
 
@@ -105,9 +108,33 @@ def emit(
     if result["adaptive"] is None:
         result["recommended"] = "static"
     chosen = result[result["recommended"]]["argv"]
-    files.write("launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
+    if spec.nodes_per_server == 1:
+        files.write("launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
+    else:
+        result["ranks"] = _rank_scripts(files, spec, con, use_resolver, sglang_deploy.launch_args(chosen))
     files.write("deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
     return result
+
+
+def _rank_scripts(
+    files: _Files, spec: SweepSpec, con: duckdb.DuckDBPyConnection, use_resolver: bool, args: list[str]
+) -> list[dict[str, Any]]:
+    """One launch script per node of a multi-node server, each rank's argv validated as SGLang resolves it
+    (with a stand-in rendezvous address); what deploy.json says of each."""
+    nodes, python = spec.nodes_per_server, spec.sglang_python or "python3"
+    slot = sglang_deploy.DIST_INIT_ADDR_SLOT
+    argvs = [sglang_deploy.rank_command(python, args, nodes, rank, slot) for rank in range(nodes)]
+    stand_in = [[multinode.VALIDATION_DIST_INIT_ADDR if t == slot else t for t in argv[3:]] for argv in argvs]
+    validations = _validations(spec, con, use_resolver, stand_in)
+    variable = '"${DIST_INIT_ADDR:?set DIST_INIT_ADDR to HOST:PORT of rank 0 (a free port on its node)}"'
+    ranks = []
+    for rank, (argv, validation) in enumerate(zip(argvs, validations, strict=True)):
+        name = f"launch-rank{rank}.sh"
+        line = shlex.join(argv).replace(slot, variable)
+        where = "the first node (it serves HTTP)" if rank == 0 else f"node {rank + 1} of {nodes}"
+        files.write(name, f"#!/bin/sh\n# node rank {rank} of {nodes}: run on {where}\nexec {line}\n".encode())
+        ranks.append({"node_rank": rank, "script": name, "argv": argv, "validation": validation})
+    return ranks
 
 
 def check_destination(dest: Path) -> None:
@@ -251,5 +278,13 @@ def describe(result: dict[str, Any], dest: Path) -> str:
             f"   drafter: {result['drafter']['published']}"
             + (f" (publish it: {shlex.join(publish)})" if publish else "")
         )
-    lines.append(f"   launch: {dest / 'launch.sh'}")
+    ranks = result.get("ranks")
+    if ranks:
+        for rank in ranks:
+            lines.append(
+                f"   launch node rank {rank['node_rank']}: {dest / rank['script']} "
+                f"(DIST_INIT_ADDR=HOST:PORT of rank 0); validate {rank['validation']['status']}"
+            )
+    else:
+        lines.append(f"   launch: {dest / 'launch.sh'}")
     return "\n".join(lines)

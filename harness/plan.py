@@ -22,7 +22,7 @@ from harness.spec import SweepSpec
 from specsweep.errors import SpecError
 from workers.job import JobSpec, launch_args
 from workers.load.workloads import PromptSetWorkload
-from workers.sglang import SpecParams, ValidationReport, default_sglang_python, validate_many
+from workers.sglang import SpecParams, ValidationReport, default_sglang_python, multinode, validate_many
 from workers.sglang.axes import axis_flag_args, env_findings
 
 AxisValues = tuple[tuple[str, str], ...]  # (axis name, value) in the spec's axis order
@@ -161,13 +161,15 @@ def _draft_path(spec: SweepSpec, params: SpecParams) -> str | None:
 
 
 def point_argv(spec: SweepSpec, point: GridPoint) -> list[str]:
-    """The launch arguments a grid point asks for (what the validator checks)."""
-    return launch_args(
+    """The launch arguments a grid point asks for (what the validator checks): rank 0's for a server over
+    several nodes, with a stand-in rendezvous address (the harness picks the real one at launch)."""
+    args = launch_args(
         point_base_args(spec, point.axes),
         spec.model_path,
         point.requested,
         _draft_path(spec, point.requested),
     )
+    return args + multinode.rank_args(spec.nodes_per_server, 0, multinode.VALIDATION_DIST_INIT_ADDR)
 
 
 def _digest(value: Any, length: int) -> str:
@@ -185,8 +187,9 @@ def effective_config(spec: SweepSpec, effective: SpecParams, axes: AxisValues = 
         "drafter": spec.drafter.model_dump() if spec.drafter is not None and speculative else None,
         "base_args": point_base_args(spec, axes),
         "env": point_env(spec, axes),
-        "gpus": spec.gpus_per_server,
+        "gpus": spec.gpus_per_server * spec.nodes_per_server,
         "speculative": effective.as_dict(),
+        **({"nodes": spec.nodes_per_server} if spec.nodes_per_server > 1 else {}),  # one-node ids unchanged
     }
     if axes:
         config["axes"] = dict(axes)
@@ -255,7 +258,8 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
                     drafter=spec.drafter if effective_of[config_id].speculative_algorithm else None,
                     base_args=tuple(point_base_args(spec, first.axes)),
                     env=tuple(point_env(spec, first.axes).items()),
-                    gpus=spec.gpus_per_server,
+                    gpus=spec.gpus_per_server * spec.nodes_per_server,
+                    nodes=spec.nodes_per_server,
                     requested=first.requested,
                     effective=effective_of[config_id],
                     requested_points=tuple(p.label for p in served[config_id]),

@@ -28,7 +28,7 @@ from workers.job import (
     TelemetrySpec,
     Timeouts,
 )
-from workers.sglang import api
+from workers.sglang import api, multinode
 from workers.sglang.axes import switch_problem
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
@@ -46,6 +46,7 @@ OWNED_FLAGS: tuple[str, ...] = (
     "--speculative-num-steps",
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
+    *multinode.RANK_FLAGS,
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a column-safe identifier: it names a results column
@@ -182,7 +183,16 @@ class SweepSpec(StrictModel):
         "flags (the sweep sets those).",
     )
     gpus_per_server: PositiveInt = Field(
-        default=8, description="GPUs of one server; all on one node (STRICT_PACK placement)."
+        default=8,
+        description="GPUs of one server on each of its nodes; with nodes_per_server 1 all on one node "
+        "(STRICT_PACK placement).",
+    )
+    nodes_per_server: PositiveInt = Field(
+        default=1,
+        description="Nodes one server spans: one placement bundle of gpus_per_server GPUs per node, each on "
+        "a different node (STRICT_SPREAD); every rank gets --nnodes/--node-rank/--dist-init-addr from the "
+        "sweep, and --tp-size x --pp-size in base_args must equal gpus_per_server x nodes_per_server. Left "
+        "out of sweep and job ids while 1.",
     )
     cpus_per_server: PositiveInt = Field(
         default=1, description="CPUs reserved with each server slot (the node worker and load generator)."
@@ -260,9 +270,12 @@ class SweepSpec(StrictModel):
         # The default search is left out, so sweeps started before the field existed keep their id; the
         # analysis fields say how to read results, not what to measure.
         # The confirmation adds a launch after the sweep's own; it changes none of them.
-        # Without axes the fields are left out too, so sweeps from before them keep their id.
-        exclude = {"output_dir", "confirm_adaptive", *ANALYSIS_FIELDS} | (
-            {"search"} if self.search == SearchSpec() else set()
+        # Without axes the fields are left out too, so sweeps from before them keep their id; one node per
+        # server (the default) is left out for the same reason.
+        exclude = (
+            {"output_dir", "confirm_adaptive", *ANALYSIS_FIELDS}
+            | ({"search"} if self.search == SearchSpec() else set())
+            | ({"nodes_per_server"} if self.nodes_per_server == 1 else set())
         )
         if not self.axes:
             exclude |= {"axes", "axis_points"}
@@ -302,6 +315,15 @@ def check_base_args_leave_owned_flags(spec: SweepSpec) -> None:
                 f"base_args: {name} is set by the sweep (model_path, drafter, speculative grid, launcher); "
                 "remove it from base_args"
             )
+
+
+def check_server_fits_its_nodes(spec: SweepSpec) -> None:
+    """A server over several nodes must split as SGLang splits it and fill the GPUs the sweep holds."""
+    if spec.nodes_per_server == 1:
+        return
+    problem = multinode.server_layout_problem(spec.base_args, spec.gpus_per_server, spec.nodes_per_server)
+    if problem is not None:
+        raise ValueError(f"base_args: {problem}")
 
 
 def check_env_names(spec: SweepSpec) -> None:
@@ -382,6 +404,7 @@ SPEC_CHECKS: tuple[Callable[[SweepSpec], None], ...] = (
     check_something_to_run,
     check_grid_is_complete,
     check_base_args_leave_owned_flags,
+    check_server_fits_its_nodes,
     check_env_names,
     check_axes,
     check_search_fits_the_load,

@@ -406,7 +406,7 @@ class JobSpec(BaseModel):
     drafter: DrafterSpec | None
     base_args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    gpus: int
+    gpus: int  # of the whole server: gpus // nodes on each node
     requested: SpecParams  # what the first grid point it serves asked for
     effective: SpecParams  # what the validator says the server runs (and the worker checks live)
     requested_points: tuple[str, ...]
@@ -420,6 +420,7 @@ class JobSpec(BaseModel):
     # The server-axis values this job runs, (axis name, value) in the spec's order; already in base_args
     # and env, named here for the results' jobs.axes column.
     axes: tuple[tuple[str, str], ...] = ()
+    nodes: int = 1  # nodes the server spans (one rank per node, workers.sglang.multinode)
 
     def launch_args(self, draft_path: str | None, adaptive_config_path: str | None = None) -> list[str]:
         """SGLang arguments of this job's server (without --host/--port), with the drafter at

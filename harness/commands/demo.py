@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nodes", type=_node_count, default=DEMO_NODES, help=f"simulated 8-GPU nodes (default: {DEMO_NODES})"
     )
+    parser.add_argument(
+        "--nodes-per-server",
+        type=_node_count,
+        default=1,
+        help="nodes each server spans, TP over all their GPUs (e.g. --nodes 4 --nodes-per-server 2: two "
+        "TP16 servers at a time; default: 1)",
+    )
 
 
 def _print_winners(out: Path) -> None:
@@ -87,13 +94,14 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     prepare_output(out)
     inputs = write_demo_inputs(out)
-    spec, text = demo_spec(out, inputs)
+    spec, text = demo_spec(out, inputs, nodes_per_server=args.nodes_per_server)
     use_resolver = default_sglang_python() is not None
     print(
         f"planning {out}: validating every grid point ({'SGLang 0.5.23' if use_resolver else 'built-in rules'})"
     )
     plan = plan_with_local_configs(spec, use_resolver=use_resolver)
-    print(f"{len(plan.jobs)} jobs on {args.nodes} simulated 8-GPU nodes")
+    servers = f", servers of {args.nodes_per_server} nodes" if args.nodes_per_server > 1 else ""
+    print(f"{len(plan.jobs)} jobs on {args.nodes} simulated 8-GPU nodes{servers}")
     with simulated_cluster(args.nodes, spec.gpus_per_server, cpus_per_node=2) as address:
         progress = progress_for(sys.stdout)
         try:

@@ -17,12 +17,14 @@ with an error class; the driver's retry policy decides what happens next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,10 +62,11 @@ from workers.node.launcher import (
 )
 from workers.node.ports import reserved_port
 from workers.node.preflight import GpusBusy, check_gpus_idle, gpu_processes
+from workers.node.ranks import RankGroup
 from workers.node.records import AttemptFacts, job_record
 from workers.node.telemetry import AttemptTelemetry, start_profile
 from workers.node.watch import LevelWatch
-from workers.sglang import SpecParams, api
+from workers.sglang import SpecParams, api, multinode
 from workers.sglang.rules import normalize_algorithm
 
 if TYPE_CHECKING:
@@ -144,6 +147,7 @@ class NodeWorker:
         self.pid_file = PidFile(pid_dir() / f"{self.node_id[:16]}-gpus-{gpus}.json")
         self._cancel = threading.Event()
         self._server: ServerProcess | None = None
+        self._ranks: RankGroup | None = None  # a multi-node job's other ranks (workers.node.ranks)
         self._server_lock = threading.Lock()
         leftover = self.pid_file.kill_leftover()
         if leftover:
@@ -168,11 +172,13 @@ class NodeWorker:
 
     # --- one job ---------------------------------------------------------------------------------------
 
-    def run_job(self, payload: str, attempt: int, token: str) -> AttemptResult:
-        """Run one attempt of a job; never raises for a failure it can name."""
+    def run_job(self, payload: str, attempt: int, token: str, ranks: Sequence[Any] = ()) -> AttemptResult:
+        """Run one attempt of a job; never raises for a failure it can name. ``ranks``: the slot's
+        ``RankWorker`` handles (node ranks 1..N-1) for a job whose server spans N nodes."""
         entered = time.monotonic()
         job = JobSpec.model_validate_json(payload)
         self._cancel.clear()
+        self._ranks = RankGroup(ranks) if job.nodes > 1 else None
         state = _Attempt(
             job,
             attempt,
@@ -210,7 +216,10 @@ class NodeWorker:
             args=tuple(job.launch_args(draft_path, self._adaptive_config_file(job, log_path.parent))),
             env=self._server_env(job, state.attempt),
         )
-        with reserved_port(config.host) as port:  # held until the server is stopped
+        with contextlib.ExitStack() as held:  # the ports are held until the servers are stopped
+            port = held.enter_context(reserved_port(config.host))
+            if self._ranks is not None:
+                config = self._start_other_ranks(held, config, state)
             server = start_server(config, port, log_path)
             with self._server_lock:
                 self._server = server
@@ -221,11 +230,29 @@ class NodeWorker:
             finally:
                 self._stop(server, job)
 
+    def _start_other_ranks(
+        self, held: contextlib.ExitStack, config: ServerConfig, state: _Attempt
+    ) -> ServerConfig:
+        """Pick the rendezvous address on this node (a reserved port), start every other rank with it
+        (each rank is stopped when ``held`` closes, whatever happens), and return rank 0's config."""
+        import ray
+
+        assert self._ranks is not None
+        ranks = self._ranks
+        job = state.job
+        host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        address = f"{host}:{held.enter_context(reserved_port(host))}"
+        held.callback(ranks.stop, job.timeouts.stop_s)
+        ranks.start(job.model_dump_json(), state.attempt, address)
+        return replace(config, args=(*config.args, *multinode.rank_args(job.nodes, 0, address)))
+
     def _measure(
         self, state: _Attempt, server: ServerProcess
     ) -> tuple[list[RequestRecord], list[LevelRecord]]:
         job = state.job
         startup_s = wait_healthy(server, job.timeouts.startup_s)
+        if self._ranks is not None:
+            self._ranks.check()
         state.facts = replace(state.facts, startup_s=startup_s)
         info = self._server_info(server)
         state.facts = replace(state.facts, server_info=info)
@@ -419,6 +446,8 @@ class NodeWorker:
             raise ServerFailure(
                 ErrorClass.CRASH, f"server exited with code {returncode} during the load: {evidence}", tail
             )
+        if self._ranks is not None:  # another rank's end ends the server: SGLang's rank 0 dies at its
+            self._ranks.check()  # next collective, but NCCL's timeouts can take minutes
         if status != 200:
             raise ServerFailure(
                 ErrorClass.HEALTH_LOST,

@@ -16,10 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workers.sglang import api
+from workers.sglang import api, multinode
 from workers.sglang.rules import SPEC_FLAGS, adaptive_config_problem
 
-LAUNCH_ONLY_FLAGS = ("--host", "--port", api.LAUNCH_TAG_FLAG)  # where and which launch: not deployed
+# Where and which launch: not deployed (a multi-node server's rendezvous was an address of the sweep's).
+LAUNCH_ONLY_FLAGS = ("--host", "--port", api.LAUNCH_TAG_FLAG, *multinode.DIST_INIT_ADDR_FLAGS)
+# A deployment over several nodes gets its ranks' flags per script (``rank_args``), not the measured ones.
+_DEPLOY_DROPS = (*LAUNCH_ONLY_FLAGS, multinode.NNODES_FLAG, multinode.NODE_RANK_FLAG)
+# Stands for rank 0's HOST:PORT in a rank's argv until its launch script names the shell variable.
+DIST_INIT_ADDR_SLOT = "@DIST_INIT_ADDR@"
 MODEL_FLAG = "--model-path"
 DRAFT_FLAG = "--speculative-draft-model-path"
 ADAPTIVE_CONFIG_FLAG = "--speculative-adaptive-config"
@@ -32,7 +37,8 @@ def launch_args(argv: Sequence[str]) -> list[str]:
 
 
 def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None) -> list[str]:
-    """``args`` without a listen address or launch tag, with the model and drafter paths to deploy."""
+    """``args`` without a listen address, launch tag or rank flags, with the model and drafter paths to
+    deploy."""
     out = _with_value(strip_launch_only(args), MODEL_FLAG, model_path)
     if draft_path is not None and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out):
         out = _with_value(out, DRAFT_FLAG, draft_path)
@@ -40,7 +46,8 @@ def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None)
 
 
 def strip_launch_only(args: Sequence[str]) -> list[str]:
-    """``args`` without the flags that say where and which launch ran (``LAUNCH_ONLY_FLAGS``)."""
+    """``args`` without the flags that say where and which launch ran (``LAUNCH_ONLY_FLAGS``) and the rank
+    flags of a server over several nodes (each rank's script adds its own)."""
     out: list[str] = []
     skip = False
     for token in args:
@@ -48,7 +55,7 @@ def strip_launch_only(args: Sequence[str]) -> list[str]:
             skip = False
             continue
         name = token.split("=", 1)[0]
-        if name in LAUNCH_ONLY_FLAGS:
+        if name in _DEPLOY_DROPS:
             skip = "=" not in token
             continue
         out.append(token)
@@ -135,3 +142,10 @@ def adaptive_args(
 def command(python: str, args: Sequence[str]) -> list[str]:
     """The full argv that starts SGLang with ``args``."""
     return [python, *LAUNCH_MODULE, *args]
+
+
+def rank_command(
+    python: str, args: Sequence[str], nnodes: int, node_rank: int, dist_init_addr: str
+) -> list[str]:
+    """The argv of rank ``node_rank`` of a server of ``args`` over ``nnodes`` nodes meeting at ``dist_init_addr``."""
+    return command(python, [*args, *multinode.rank_args(nnodes, node_rank, dist_init_addr)])

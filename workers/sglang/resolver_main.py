@@ -60,6 +60,12 @@ def resolve(argv: list[str], add_device: bool) -> dict:
         }
     try:
         server_args.resolve_once()
+        # The engine runs SGLang's argument checks before it starts (entrypoints/engine.py); among them
+        # the multi-node ones: tp x pp divisible by --nnodes, no DP replicas across nodes. Run for
+        # multi-node launches only: on one node they also refuse launches (pdmux, two-batch overlap with
+        # adaptive) whose recorded verdicts (tests/fixtures/sglang-rules-corpus.json) predate this call.
+        if server_args.nnodes > 1:
+            server_args.check_server_args()
         resolved = server_args.resolved_dict()
     except BaseException as err:  # SGLang raises AssertionError, ValueError, TypeError, ...
         tail = traceback.format_exception(type(err), err, err.__traceback__)[-3:]

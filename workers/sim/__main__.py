@@ -17,9 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from workers.sglang import ArgvError
+from workers.sglang import ArgvError, multinode
 from workers.sim.faults import STARTUP_TRACEBACKS, die_like_sglang, log_line
 from workers.sim.launch import LaunchRefused, resolve_launch
+from workers.sim.ranks import run_follower, serve_rendezvous
 from workers.sim.server import SimServer
 from workers.sim.settings import SimSettingsError, settings_from_env
 
@@ -91,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if startup_crash is not None:
         time.sleep(settings.load_delay_s)
         die_like_sglang(startup_crash, starting=True)
+    nnodes = int(config.resolved_args.get(multinode.NNODES) or 1)
+    node_rank = int(config.resolved_args.get(multinode.NODE_RANK) or 0)
+    if node_rank > 0:  # runs its schedulers, serves no HTTP
+        return run_follower(config.resolved_args, node_rank)
+    _links = serve_rendezvous(config.resolved_args, nnodes) if nnodes > 1 else []  # open while serving
     host = str(config.resolved_args.get("host") or "127.0.0.1")
     port = int(config.resolved_args.get("port") or 30000)
     time.sleep(settings.bind_delay_s)  # SGLang loads the weights before its HTTP server binds

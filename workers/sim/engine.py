@@ -28,6 +28,7 @@ from workers.sim.model import (
     DraftShape,
     SimProfile,
     admissions,
+    cross_node_seconds,
     decode_step_seconds,
     depth_accept_probs,
     prefill_seconds,
@@ -153,8 +154,10 @@ class SimEngine:
         *,
         drafts_always_rejected: bool = False,
         adaptive: AdaptiveSchedule | None = None,
+        nnodes: int = 1,
     ) -> None:
         self.settings = settings
+        self.nnodes = nnodes  # nodes the server's tensor parallelism spans (model.cross_node_seconds)
         self.profile: SimProfile = settings.profile
         # A physics preset (SPECSWEEP_SIM_PRESET) replaces the profile's costs and acceptance; its launch
         # factor scales every iteration of this launch alike.
@@ -284,12 +287,20 @@ class SimEngine:
             admitted_count = admissions(len(self.waiting), len(self.running), self.max_running)
             if admitted_count:
                 admitted = [self.waiting.popleft() for _ in range(admitted_count)]
-                deadline += round(self._prefill_seconds(sum(r.prompt_tokens for r in admitted)) * scale_ns)
+                tokens = sum(r.prompt_tokens for r in admitted)
+                seconds = self._prefill_seconds(tokens) + cross_node_seconds(
+                    self.profile, self.nnodes, tokens
+                )
+                deadline += round(seconds * scale_ns)
                 await timer.sleep_until(deadline)
                 self._finish_prefill(admitted, deadline)
             else:
                 shape = self._decode_shape(len(self.running))
-                deadline += round(self._decode_seconds(shape) * scale_ns)
+                verified = len(self.running) * (shape.num_draft_tokens if shape else 1)
+                seconds = self._decode_seconds(shape) + cross_node_seconds(
+                    self.profile, self.nnodes, verified
+                )
+                deadline += round(seconds * scale_ns)
                 await timer.sleep_until(deadline)
                 await self._finish_decode(deadline, shape)
 

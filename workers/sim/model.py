@@ -24,6 +24,11 @@ Model (all times in seconds at time scale 1, i.e. as on the real hardware the pr
   (``content_category``) is deterministic: a prompt of token ids is ``random_ids``; a text prompt (chat
   messages joined) belongs to the first of the profile's ``categories`` one of whose ``markers`` occurs
   in its lowercased text, else to ``default_category`` (which uses the profile's own two parameters).
+- Several nodes (``--nnodes N``): tensor parallelism spans the nodes, so each target pass all-reduces
+  its activations across them (``cross_node_seconds``): ``allreduces_per_pass * (internode_latency +
+  2 (N - 1) / N * allreduce_bytes_per_token * t / internode_bytes_per_s)`` for ``t`` tokens in the pass
+  (a ring all-reduce over the nodes' links). It is added to every prefill and verify pass (the
+  one-layer draft's all-reduces are left out); within one node the profile's costs already hold NVLink's.
 """
 
 from __future__ import annotations
@@ -81,6 +86,20 @@ class SimProfile(BaseModel):
     )
     natural_output_tokens: int = Field(
         ge=1, description="Mean output length (exponential) of requests that do not set ignore_eos."
+    )
+    internode_bytes_per_s: float = Field(
+        default=400e9,
+        gt=0,
+        description="Inter-node bandwidth of one node (all its NICs; 8 x 400 Gb/s InfiniBand = 400e9).",
+    )
+    internode_latency_s: float = Field(
+        default=20e-6, ge=0, description="Latency of one all-reduce across nodes (vs NVLink's within one)."
+    )
+    allreduces_per_pass: int = Field(
+        default=122, ge=0, description="All-reduces per target forward pass: two per layer (61 layers)."
+    )
+    allreduce_bytes_per_token: float = Field(
+        default=14336.0, ge=0, description="Bytes one all-reduce carries per token: hidden 7168 x 2 (bf16)."
     )
     default_category: str = Field(
         default="chat",
@@ -290,6 +309,18 @@ def decode_step_seconds(profile: SimProfile, shape: DraftShape | None, batch: in
     draft_pass = profile.draft_fixed_s + profile.draft_per_token_s * batch * shape.topk
     verify = profile.target_fixed_s + profile.target_per_token_s * batch * shape.num_draft_tokens
     return profile.overhead_s + (shape.num_steps + 1) * draft_pass + verify
+
+
+def cross_node_seconds(profile: SimProfile, nnodes: int, tokens: int) -> float:
+    """What a target pass over ``tokens`` tokens adds when its tensor parallelism spans ``nnodes`` nodes."""
+    if nnodes <= 1:
+        return 0.0
+    ring = 2 * (nnodes - 1) / nnodes
+    one = (
+        profile.internode_latency_s
+        + ring * profile.allreduce_bytes_per_token * tokens / profile.internode_bytes_per_s
+    )
+    return profile.allreduces_per_pass * one
 
 
 def prefill_seconds(profile: SimProfile, prompt_tokens: int) -> float:

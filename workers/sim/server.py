@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from workers.sglang import SGLANG_VERSION, api
+from workers.sglang import SGLANG_VERSION, api, multinode
 from workers.sim.adaptive import AdaptiveSchedule
 from workers.sim.engine import Progress, SimEngine, SimRequest
 from workers.sim.faults import READY_LINE, log_line
@@ -158,6 +158,7 @@ class SimServer:
             on_finish=self.metrics.observe_finished,
             drafts_always_rejected=self.config.drafts_always_rejected,
             adaptive=adaptive,
+            nnodes=int(self.config.resolved_args.get(multinode.NNODES) or 1),
         )
         self._engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
 
