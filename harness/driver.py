@@ -727,7 +727,7 @@ def _apply_inputs(
         )
         for job_id in withdrawn:
             drop_attempts(out, job_id)
-        queue.event("inputs_changed", f"{', '.join(changed)} accepted ({sweep_inputs.ACCEPT_FLAG})")
+        queue.event("inputs_accepted", f"{', '.join(changed)} accepted ({sweep_inputs.ACCEPT_FLAG})")
         progress.event(
             f"inputs changed ({', '.join(changed)}): {len(superseded)} job(s) measured under new ids, "
             f"{len(withdrawn)} pending job(s) of the earlier inputs withdrawn"
