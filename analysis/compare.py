@@ -432,6 +432,28 @@ def _verdict_text(row: RatioRow) -> str:
     return {"better": "B better", "worse": "B worse"}.get(row.verdict, row.verdict)
 
 
+def _columns(comparison: Comparison) -> list[str]:
+    """The comparison table's header, the terminal's and the HTML's."""
+    by = ["level"] + (["category"] if comparison.by == "category" else [])
+    return [*by, "config", "metric", "A", "B", "B / A", f"{comparison.confidence:.0%} CI", "verdict"]
+
+
+def _cells(row: RatioRow, by: str) -> list[str]:
+    """One ratio row as the table's cells, in ``_columns`` order."""
+    ratio, interval = ratio_text(row)
+    where = [row.load_level] + ([row.category or ""] if by == "category" else [])
+    return [
+        *where,
+        row.config_label,
+        row.metric,
+        number(row.a),
+        number(row.b),
+        ratio,
+        interval,
+        _verdict_text(row),
+    ]
+
+
 def format_text(comparison: Comparison) -> str:
     """The terminal view: per pair, what changed, then one table of ratios (rich, no colours)."""
     from rich import box
@@ -457,27 +479,14 @@ def format_text(comparison: Comparison) -> str:
         for change in pair.changes:
             console.print(f"  {change_text(change)}", highlight=False, markup=False)
         table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
-        columns = ["level"] + (["category"] if comparison.by == "category" else [])
-        columns += ["config", "metric", "A", "B", "B / A", f"{confidence} CI", "verdict"]
-        for column in columns:
+        for column in _columns(comparison):
             table.add_column(
                 column,
                 no_wrap=True,
                 justify="left" if column in ("level", "category", "config", "metric", "verdict") else "right",
             )
         for row in pair.rows:
-            ratio, interval = ratio_text(row)
-            cells = [row.load_level] + ([row.category or ""] if comparison.by == "category" else [])
-            cells += [
-                row.config_label,
-                row.metric,
-                number(row.a),
-                number(row.b),
-                ratio,
-                interval,
-                _verdict_text(row),
-            ]
-            table.add_row(*cells)
+            table.add_row(*_cells(row, comparison.by))
         console.print(table)
         if pair.only_in_reference:
             console.print(f"only in A: {', '.join(pair.only_in_reference)}", highlight=False, markup=False)
@@ -504,21 +513,10 @@ def render_html(comparison: Comparison) -> str:
             parts.append(f"<p>What changed:</p><ul class='changes'>{items}</ul>")
         else:
             parts.append("<p>What changed: nothing recorded.</p>")
-        head = ["level"] + (["category"] if comparison.by == "category" else [])
-        head += ["config", "metric", "A", "B", "B / A", f"{confidence} CI", "verdict"]
+        head = _columns(comparison)
         rows = []
         for row in pair.rows:
-            ratio, interval = ratio_text(row)
-            cells = [row.load_level] + ([row.category or ""] if comparison.by == "category" else [])
-            cells += [
-                row.config_label,
-                row.metric,
-                number(row.a),
-                number(row.b),
-                ratio,
-                interval,
-                _verdict_text(row),
-            ]
+            cells = _cells(row, comparison.by)
             rows.append(
                 f"<tr class='{esc(row.verdict)}'>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>"
             )

@@ -26,13 +26,32 @@ if TYPE_CHECKING:
     from harness.deploy_launch import DeployLaunch
 
 
+def add_resampling_arguments(parser: argparse.ArgumentParser, intervals: str) -> None:
+    """--confidence (of ``intervals``), --bootstrap and --seed: how every interval is resampled."""
+    from analysis.select import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
+
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        metavar="P",
+        help=f"confidence of {intervals} (default {DEFAULT_CONFIDENCE})",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=DEFAULT_REPLICATES,
+        metavar="N",
+        help=f"bootstrap replicates (default {DEFAULT_REPLICATES})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+
+
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags ``best`` and ``report`` share: which sweep, which SLOs, what to rank by."""
     from analysis.select import (
-        DEFAULT_CONFIDENCE,
         DEFAULT_MAX_ERROR_RATE,
         DEFAULT_OBJECTIVE,
-        DEFAULT_REPLICATES,
         OBJECTIVE_ALIASES,
     )
 
@@ -62,22 +81,8 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"what to rank by: a level metric, {aliases}, or capacity (the load.capacity search's "
         f"highest load within its SLOs; best only) (default {DEFAULT_OBJECTIVE})",
     )
-    parser.add_argument(
-        "--confidence",
-        type=float,
-        default=DEFAULT_CONFIDENCE,
-        metavar="P",
-        help=f"confidence of the intervals and of telling two configs apart (default {DEFAULT_CONFIDENCE})",
-    )
+    add_resampling_arguments(parser, "the intervals and of telling two configs apart")
     parser.add_argument("--at", metavar="LEVEL", help="only this load level, e.g. concurrency=64")
-    parser.add_argument(
-        "--bootstrap",
-        type=int,
-        default=DEFAULT_REPLICATES,
-        metavar="N",
-        help=f"bootstrap replicates (default {DEFAULT_REPLICATES})",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument(
         "--max-error-rate",
         type=float,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.base import Command
+from harness.commands.best import add_resampling_arguments
 from harness.output import add_format_argument, print_csv, print_json
 from specsweep.errors import ResultsError
 
@@ -21,7 +22,6 @@ CATEGORY_METRICS = ("tpot_p50_ms", "ttft_p99_ms")  # --by category: percentiles 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from analysis.compare import DEFAULT_METRICS
-    from analysis.select import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
 
     parser.add_argument(
         "outs",
@@ -42,21 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="level: per load level and config (default); category: per level, request category and "
         "config (percentiles only)",
     )
-    parser.add_argument(
-        "--confidence",
-        type=float,
-        default=DEFAULT_CONFIDENCE,
-        metavar="P",
-        help=f"confidence of the ratios' intervals (default {DEFAULT_CONFIDENCE})",
-    )
-    parser.add_argument(
-        "--bootstrap",
-        type=int,
-        default=DEFAULT_REPLICATES,
-        metavar="N",
-        help=f"bootstrap replicates (default {DEFAULT_REPLICATES})",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    add_resampling_arguments(parser, "the ratios' intervals")
     parser.add_argument(
         "--allow-partial", action="store_true", help="compare the committed jobs of sweeps not finished"
     )
