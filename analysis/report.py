@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from analysis.glossary import GLOSSARY
 from analysis.schema import GPU_POWER_W, GPU_SM_CLOCK_MHZ
-from analysis.select import Interval, Selection, share_text
+from analysis.select import Interval, Selection, order_levels, share_text
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -288,7 +288,7 @@ def _categories(con: duckdb.DuckDBPyConnection) -> str:
         text = f"{_fmt(accept)} / {'-' if speedup is None else f'{speedup:.2f}x'}"
         cells.setdefault((level, label), {})[category] = text
     head = "".join(f"<th>{html.escape(c)}</th>" for c in categories)
-    for level in sorted({level for level, _ in cells}):
+    for level in order_levels(con, sorted({level for level, _ in cells})):  # by load, not as text
         parts.append(f"<h3>{html.escape(level)}</h3><table><tr><th class='label'>config</th>{head}</tr>")
         for (row_level, label), values in cells.items():
             if row_level == level:
@@ -440,7 +440,9 @@ def _confirmation_table(confirmation: Confirmation) -> str:
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+    """A number with two decimals everywhere, so a table's column lines up (4 significant digits gave 25.85
+    beside 234 and 483.1)."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _ci(interval: Interval | None) -> str:

@@ -222,7 +222,7 @@ def select_best(
             where=out.location,
             fix='see `specsweep sql OUT "SELECT config_label, error_class, error_message FROM jobs"`',
         )
-    levels = _order_levels(con, list(runs_by_level))
+    levels = order_levels(con, list(runs_by_level))
     if at is not None:
         if at not in runs_by_level:
             raise ResultsError(
@@ -398,7 +398,7 @@ def _goodput_values(
     return {(job_id, level): dict(zip(metrics, found, strict=True)) for job_id, level, *found in rows}
 
 
-def _order_levels(con: duckdb.DuckDBPyConnection, levels: list[str]) -> list[str]:
+def order_levels(con: duckdb.DuckDBPyConnection, levels: list[str]) -> list[str]:
     """Levels by concurrency, then rate, then name."""
     order = con.sql(
         "SELECT load_level FROM levels GROUP BY load_level "
@@ -835,7 +835,7 @@ def measure_configs(
         }
     resampler = _Resampler(con, metric, replicates, seed, requests, DEFAULT_CONFIDENCE)
     levels: dict[str, dict[str, Measured]] = {}
-    for level in _order_levels(con, list(runs_by_level)):
+    for level in order_levels(con, list(runs_by_level)):
         by_config: dict[str, list[_Run]] = {}
         for run in runs_by_level[level]:
             by_config.setdefault(run.config_label, []).append(run)

@@ -225,3 +225,19 @@ def test_render_report_shows_adaptive_schedule_when_chains_win_levels(report) ->
         assert row in schedule
         if steps is not None:
             assert f"{row}{steps}</td>" in schedule
+
+
+def test_render_report_orders_levels_by_load_and_prints_two_decimals_when_tabled(report) -> None:  # type: ignore[no-untyped-def]
+    """The per-category tables come in load order (concurrency 1, 16, 128: they came as text, 1, 128, 16),
+    and every number of the per-level tables has two decimals (25.85 stood beside 234 and 483.1)."""
+    _, page, _ = report
+    categories = page.split("<section id='categories'>", 1)[1].split("</section>", 1)[0]
+    assert re.findall(r"<h3>(concurrency=\d+)</h3>", categories) == [
+        "concurrency=1",
+        "concurrency=16",
+        "concurrency=128",
+    ]
+    tables = page.split("<section id='configs'>", 1)[1].split("</section>", 1)[0]
+    objective_cells = re.findall(r"<td class='label'>[^<]+</td><td>([^<]+)</td>", tables)
+    assert len(objective_cells) == 12
+    assert all(re.fullmatch(r"\d+\.\d\d", cell) for cell in objective_cells), objective_cells
