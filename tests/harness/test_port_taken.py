@@ -9,7 +9,6 @@ committed the stale server's numbers as ``done``.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -19,18 +18,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
-from harness.driver import run_sweep
-from harness.plan import unchecked_plan
-from harness.progress import LogProgress
 from harness.queue import open_read_only, read_attempts
 from harness.spec import parse_spec
-from workers.convert.fixtures import TINY, write_target_config
+from tests.harness.sim_sweeps import one_slot_sim_spec, run_unchecked
 from workers.node.launcher import kill_group, pid_dir
 from workers.sglang import api
 
@@ -107,44 +101,24 @@ def test_sweep_retries_on_another_port_and_measures_only_its_server_when_a_stale
     """The stale server answers first: the attempt fails as port_taken naming it (not done, not
     config_mismatch), the retry on another port measures the job's own server (its seed, its tag), and the
     stale server is left alone (the harness stops only what it launched)."""
-    out = tmp_path / "out"
-    data: dict[str, Any] = {
-        "engine": "sim",
-        "model_path": str(write_target_config(tmp_path / "target", TINY)),
-        "base_args": ["--tp-size", "1"],
-        "gpus_per_server": 1,
-        "max_servers": 1,
-        "load": {
-            "concurrency": [1],
-            "requests_per_level": 3,
-            "warmup_requests": 0,
-            "workload": {"kind": "random_ids", "input_tokens": 8, "output_tokens": 16, "vocab_size": 256},
-        },
-        "retries": 1,
-        "timeouts": {"startup_s": 60, "level_s": 60, "stop_s": 5, "placement_s": 60},
-        "env": {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_BIND_DELAY_S": "8"},
-        "output_dir": str(out),
-    }
-    spec = parse_spec(data)
-    log = io.StringIO()
+    data = one_slot_sim_spec(
+        tmp_path,
+        requests=3,
+        output_tokens=16,
+        level_s=60,
+        env={"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_BIND_DELAY_S": "8"},
+    )
+    out, seed = Path(data["output_dir"]), parse_spec(data).seed
     stale = StaleServer(tmp_path / "stale.log")
     try:
-        summary = run_sweep(
-            spec,
-            yaml.safe_dump(data),
-            unchecked_plan(spec),
-            out,
-            ray_address="local",
-            resume=False,
-            progress=LogProgress(log),
-        )
+        summary, log = run_unchecked(data)
         stale_alive = stale.proc is not None and stale.proc.poll() is None
     finally:
         stale.stop()
     assert stale.proc is not None and stale_alive, (tmp_path / "stale.log").read_text()
     (row,) = pq.read_table(next(out.glob("jobs/*/*/part-0.parquet"))).to_pylist()
     info = json.loads(row["server_info_json"])
-    assert info["simulator"]["seed"] == spec.seed != STALE_SEED, log.getvalue()
+    assert info["simulator"]["seed"] == seed != STALE_SEED, log
     argv = list(row["sglang_argv"])
     assert info[api.LAUNCH_TAG] == argv[argv.index(api.LAUNCH_TAG_FLAG) + 1]
     assert int(argv[argv.index("--port") + 1]) != stale.port
@@ -154,6 +128,6 @@ def test_sweep_retries_on_another_port_and_measures_only_its_server_when_a_stale
         attempts = read_attempts(conn)
     finally:
         conn.close()
-    assert [a.error_class for a in attempts] == ["port_taken", None], log.getvalue()
+    assert [a.error_class for a in attempts] == ["port_taken", None], log
     assert f"pid {stale.proc.pid}" in (attempts[0].error_text or "")
     assert "specsweep-an-earlier-run" in (attempts[0].error_text or "")

@@ -11,7 +11,6 @@ rather than the worker's single-attempt entry.
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 from collections.abc import Iterator
@@ -21,14 +20,12 @@ from typing import Any
 import psutil
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from analysis import layout
-from harness.driver import connect_ray, run_sweep
-from harness.plan import unchecked_plan
-from harness.progress import LogProgress
+from harness.driver import connect_ray
 from harness.queue import open_read_only, read_attempts
 from harness.spec import parse_spec
+from tests.harness.sim_sweeps import run_unchecked
 from workers.convert.eagle3_format import SourceFormat
 from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
 from workers.node.launcher import group_members
@@ -127,25 +124,16 @@ def test_sweep_fails_job_as_node_setup_quoting_sglang_when_node_python_lacks_a_g
     data = _spec_data(node_local, sglang_python)
     spec = parse_spec(data)
     out = Path(spec.output_dir)
-    log = io.StringIO()
     # An embedded Ray that declares the slot's GPU, as `--ray-address local` does for the simulator: this
     # machine has none for Ray to detect, and SGLang, not Ray, must be what finds out.
     ray_local = connect_ray("local", spec.model_copy(update={"engine": "sim"}))
     try:
         with ServerWatch(spec.model_path) as watch:
-            summary = run_sweep(
-                spec,
-                yaml.safe_dump(data),
-                unchecked_plan(spec),
-                out,
-                ray_address="local",
-                resume=False,
-                progress=LogProgress(log),
-            )
+            summary, log = run_unchecked(data)
     finally:
         ray_local.close()
 
-    assert summary.counts == {"pending": 0, "leased": 0, "done": 0, "failed": 1}, log.getvalue()
+    assert summary.counts == {"pending": 0, "leased": 0, "done": 0, "failed": 1}, log
     conn = open_read_only(out)
     try:
         (attempt,) = read_attempts(conn)
