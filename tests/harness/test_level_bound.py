@@ -7,8 +7,6 @@ SGLang server with its ``hang_mid_stream`` fault: request 2 of each attempt stal
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,20 +18,6 @@ from tests.harness.sim_sweeps import one_slot_sim_spec, run_unchecked
 pytestmark = pytest.mark.ray
 
 HANG_BOUND_S = 30.0
-
-
-@pytest.fixture
-def node_dirs(tmp_path: Path) -> Iterator[None]:
-    """Node-local dirs (pid files, drafter cache) private to this test; the raylets inherit them."""
-    saved = {k: os.environ.get(k) for k in ("SPECSWEEP_PID_DIR", "SPECSWEEP_DRAFTER_CACHE")}
-    os.environ["SPECSWEEP_PID_DIR"] = str(tmp_path / "pids")
-    os.environ["SPECSWEEP_DRAFTER_CACHE"] = str(tmp_path / "drafters")
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 def test_sweep_ends_each_attempt_within_30_s_of_a_hang_when_level_s_is_15(

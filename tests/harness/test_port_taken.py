@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -32,21 +31,6 @@ pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[2]
 STALE_SEED = 999
-
-
-@pytest.fixture
-def node_dirs(tmp_path: Path) -> Iterator[None]:
-    """Node-local dirs (pid files, port locks, drafter cache) private to this test; the raylets inherit
-    them."""
-    saved = {k: os.environ.get(k) for k in ("SPECSWEEP_PID_DIR", "SPECSWEEP_DRAFTER_CACHE")}
-    os.environ["SPECSWEEP_PID_DIR"] = str(tmp_path / "pids")
-    os.environ["SPECSWEEP_DRAFTER_CACHE"] = str(tmp_path / "drafters")
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 class StaleServer:
