@@ -665,7 +665,9 @@ async def _warmup(
         workers = min(level.warmup_requests, level.streams or level.warmup_requests)
         await _closed_loop(session, ctx, requests, workers, None, outcomes)
     flushed = await _flush_cache(session, base_url, level.flush_timeout_s) if level.flush_cache else None
-    return _records(outcomes), flushed
+    records = _records(outcomes)  # in the order they finished, which a loaded machine reorders
+    records.sort(key=lambda r: (r.start_ns, r.request_id))  # as the measured rows
+    return records, flushed
 
 
 async def _flush_cache(session: aiohttp.ClientSession, base_url: str, timeout_s: float) -> bool:
