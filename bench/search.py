@@ -457,6 +457,7 @@ def _share(values: Sequence[bool]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.search", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} scenarios x {QUICK[1]} draws")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="most launches of a config (both)")
     args = parser.parse_args(argv)
     count, draws = QUICK if args.quick else (SCENARIOS, DRAWS)
     configs = space()
@@ -464,14 +465,18 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# {len(configs)} configs (baseline, chains 2-10, trees); {count} scenarios x {draws} noise draws;"
     )
-    print(f"# repeats {REPEATS} for grid and search; 2 slots; answer contains a config within {CONTAIN:.0%}")
+    print(
+        f"# repeats {args.repeats} for grid and search; 2 slots; answer contains a config within {CONTAIN:.0%}"
+    )
     print(
         "# of the true best at every level; coverage: 95% speedup intervals (answer / baseline) holding the truth"
     )
     fit_errors, grid_all, search_all, shares, shares_one = [], [], [], [], []
     for sc in scenarios(count):
         fit_error = family_fit_error(sc.truth, configs, sc.levels)
-        ev = evaluate(sc.truth, configs, sc.levels, noise=sc.noise, seed=sc.seed, draws=draws)
+        ev = evaluate(
+            sc.truth, configs, sc.levels, noise=sc.noise, seed=sc.seed, draws=draws, repeats=args.repeats
+        )
         fit_errors.append(fit_error)
         grid_all += ev.grid
         search_all += ev.search
@@ -530,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         result["search_contains"],
         [float(o.contains) for o in search_all],
         runs=len(search_all),
+        repeats=args.repeats,
         seconds=round(time.monotonic() - started, 1),
         **result,
         goals={k: bool(v) for k, v in goals.items()},
