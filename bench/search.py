@@ -41,10 +41,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from bench.common import emit
+from harness.search import model as search_model
 from harness.search.model import (
     Candidate,
     LevelResult,
@@ -94,6 +96,9 @@ class TrueLevel:
 
 
 Truth = Callable[[Candidate, int], TrueLevel]
+Reported = tuple[
+    tuple[int, ...], int | None
+]  # a launch's /server_info: captured decode batch sizes, running cap
 Strategy = Callable[[SearchState, int, Budget, float], Decision]
 
 
@@ -151,17 +156,21 @@ def evaluate(
     repeats: int = REPEATS,
     strategy: Strategy = propose,
     tolerance: float = TOLERANCE,
+    reports: Callable[[Candidate], Reported] | None = None,
 ) -> Evaluation:
     """Run the grid and ``strategy`` against ``truth`` over ``draws`` seeded noise draws.
 
     ``truth(candidate, concurrency)`` is called once per config and level (noise-free; the bench adds
     ``noise``). ``space`` must hold exactly one baseline (``steps is None``) for the speedup intervals.
     The grid launches every config ``repeats`` times; the strategy gets ``repeats`` as the spec's.
+    ``reports(candidate)``, when given, is what a launch of it says about its batches, handed to the
+    search as a real launch's ``/server_info`` would be.
     """
     table = {(c.config_id, conc): truth(c, conc) for c in space for conc in levels}
+    reported = {c.config_id: reports(c) for c in space} if reports else {}
     grid, search = [], []
     for draw in range(draws):
-        device = _Device(table, noise, random.Random(f"{seed}:{draw}"))
+        device = _Device(table, reported, noise, random.Random(f"{seed}:{draw}"))
         grid.append(_grid_outcome(device, space, levels, repeats))
         search.append(_search_outcome(device, space, levels, repeats, strategy, tolerance))
     return Evaluation(tuple(grid), tuple(search))
@@ -170,8 +179,15 @@ def evaluate(
 class _Device:
     """The truth as a measurement device: noisy launches and their node time."""
 
-    def __init__(self, table: dict[tuple[str, int], TrueLevel], noise: Noise, rng: random.Random) -> None:
+    def __init__(
+        self,
+        table: dict[tuple[str, int], TrueLevel],
+        reported: dict[str, Reported],
+        noise: Noise,
+        rng: random.Random,
+    ) -> None:
         self.table = table
+        self.reported = reported
         self.noise = noise
         self.rng = rng
         self.np_rng = np.random.default_rng(rng.getrandbits(64))
@@ -192,7 +208,7 @@ class _Device:
             results.append(LevelResult(level_name(conc), conc, measured, hist))
             run_s += n.requests * n.output_len / measured
         startup = n.startup_s * self.rng.uniform(1 - n.startup_jitter, 1 + n.startup_jitter)
-        return Observation(cid, repeat, startup + run_s, tuple(results))
+        return _observation(cid, repeat, startup + run_s, tuple(results), self.reported.get(cid))
 
     def contains(self, answer: Sequence[str], conc: int, space: Sequence[Candidate]) -> bool:
         best = max(self.table[(c.config_id, conc)].throughput for c in space)
@@ -200,6 +216,16 @@ class _Device:
 
     def true_speedup(self, cid: str, baseline: str, conc: int) -> float:
         return self.table[(cid, conc)].throughput / self.table[(baseline, conc)].throughput
+
+
+def _observation(
+    cid: str, repeat: int, node_s: float, levels: tuple[LevelResult, ...], reported: Reported | None
+) -> Observation:
+    """One launch, with what it reported about its batches where the search reads that
+    (``Observation.capacity``, the surrogate of issue #28); a search without the field gets none."""
+    capacity = getattr(search_model, "Capacity", None)
+    extra: dict[str, Any] = {"capacity": capacity(*reported)} if capacity and reported else {}
+    return Observation(cid, repeat, node_s, levels, **extra)
 
 
 def _baseline(space: Sequence[Candidate]) -> str:
@@ -348,7 +374,7 @@ class Scenario:
 
     def truth(self, cand: Candidate, concurrency: int) -> TrueLevel:
         """The preset's steady-state decode throughput at the level's batch, and its acceptance."""
-        shape = None if cand.steps is None else DraftShape(cand.steps, cand.topk or 1, cand.draft_tokens or 1)
+        shape = self.shape(cand)
         context = self.input_len + self.output_len // 2
         throughput = self.preset.decode_throughput(
             shape, concurrency, context, requested_max_running=self.max_running
@@ -357,6 +383,19 @@ class Scenario:
         if shape is not None:
             dist = accepted_drafts_distribution(self.preset.depth_accept_probs(shape, 0.0, "chat"))
         return TrueLevel(throughput, dist)
+
+    def reports(self, cand: Candidate) -> Reported:
+        """What a launch of ``cand`` reports: its captured decode batch sizes and running-request cap."""
+        shape = self.shape(cand)
+        cap = self.preset.running_cap(shape, self.max_running)
+        return self.preset.captured_batches(shape, cap), cap
+
+    @staticmethod
+    def shape(cand: Candidate) -> DraftShape | None:
+        """The simulator's shape of a candidate (None: the baseline)."""
+        if cand.steps is None:
+            return None
+        return DraftShape(cand.steps, cand.topk or 1, cand.draft_tokens or 1)
 
 
 def _acceptance(rng: random.Random, preset: Preset) -> tuple[str, tuple[float, ...]]:
@@ -475,7 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     for sc in scenarios(count):
         fit_error = family_fit_error(sc.truth, configs, sc.levels)
         ev = evaluate(
-            sc.truth, configs, sc.levels, noise=sc.noise, seed=sc.seed, draws=draws, repeats=args.repeats
+            sc.truth,
+            configs,
+            sc.levels,
+            noise=sc.noise,
+            seed=sc.seed,
+            draws=draws,
+            repeats=args.repeats,
+            reports=sc.reports,
         )
         fit_errors.append(fit_error)
         grid_all += ev.grid
