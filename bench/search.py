@@ -57,7 +57,7 @@ from harness.search.model import (
     fit_gain,
     fit_steps,
 )
-from harness.search.strategy import MEASUREMENT_NOISE, Budget, Decision, SearchState, predictions, propose
+from harness.search.strategy import Budget, Decision, SearchState, predictions, propose
 from workers.sim.model import DraftShape, accepted_drafts_distribution
 from workers.sim.physics import Acceptance, Preset
 from workers.sim.presets import PRESETS, categories
@@ -67,6 +67,7 @@ TOLERANCE = 0.01  # the search's own tolerance (its spec default)
 CONTAIN = 0.02  # an answer contains the truth when one of its configs is within 2% of the true best
 Z95 = 1.96
 LEVEL_SIGMA = 0.005  # per-level sampling noise of a throughput
+ASSUMED_NOISE = 0.02  # a launch's relative sd where no repeats estimate it (the search's own prior)
 REPEATS = 2  # most launches of one config, for the grid and the search alike
 SCENARIOS = 20
 DRAWS = 10
@@ -276,7 +277,7 @@ def _grid_outcome(
                 if result.concurrency == conc:
                     samples[o.config_id].append(result.throughput)
         # no repeats, no variance estimate: the search's assumed measurement noise stands in
-        sigma = pooled_launch_sigma(samples) or MEASUREMENT_NOISE
+        sigma = pooled_launch_sigma(samples) or ASSUMED_NOISE
         means = {cid: (float(np.exp(np.mean(np.log(v)))), len(v)) for cid, v in samples.items()}
         tie = grid_ties(means, sigma)
         contains &= device.contains(tie, conc, space)
@@ -479,7 +480,7 @@ def family_fit_error(truth: Truth, space: Sequence[Candidate], levels: Sequence[
         observations.append(Observation(c.config_id, 0, 0.0, tuple(results)))
     q = {name: chain_acceptance(cands, observations, name) for name in names}
     gain, _, _ = fit_gain(cands, observations, q)
-    fit = fit_steps(cands, observations, names, MEASUREMENT_NOISE)
+    fit = fit_steps(cands, observations, names, ASSUMED_NOISE)
     errors = []
     for c in space:
         for name, conc in zip(names, levels, strict=True):
