@@ -494,12 +494,22 @@ def _share(values: Sequence[bool]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be 1 or more")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.search", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} scenarios x {QUICK[1]} draws")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="most launches of a config (both)")
+    parser.add_argument("--scenarios", type=_positive, help=f"scenarios to run (default {SCENARIOS})")
+    parser.add_argument("--draws", type=_positive, help=f"noise draws per scenario (default {DRAWS})")
     args = parser.parse_args(argv)
     count, draws = QUICK if args.quick else (SCENARIOS, DRAWS)
+    count, draws = args.scenarios or count, args.draws or draws
     configs = space()
     started = time.monotonic()
     print(
