@@ -97,9 +97,8 @@ class TrueLevel:
 
 
 Truth = Callable[[Candidate, int], TrueLevel]
-Reported = tuple[
-    tuple[int, ...], int | None
-]  # a launch's /server_info: captured decode batch sizes, running cap
+# what a launch's /server_info says about its batches: (captured decode batch sizes, running-request cap)
+Reported = tuple[tuple[int, ...], int | None]
 Strategy = Callable[[SearchState, int, Budget, float], Decision]
 
 
@@ -276,7 +275,7 @@ def _grid_outcome(
             for result in o.levels:
                 if result.concurrency == conc:
                     samples[o.config_id].append(result.throughput)
-        # no repeats, no variance estimate: the search's assumed measurement noise stands in
+        # no repeats, no variance estimate: the assumed launch noise stands in
         sigma = pooled_launch_sigma(samples) or ASSUMED_NOISE
         means = {cid: (float(np.exp(np.mean(np.log(v)))), len(v)) for cid, v in samples.items()}
         tie = grid_ties(means, sigma)
