@@ -268,6 +268,7 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
                     seed=spec.seed,
                     telemetry=spec.telemetry,
                     axes=first.axes,
+                    lossless_check=spec.lossless_check,
                 )
             )
     return Plan(sweep_id=spec.sweep_id(), verdicts=tuple(verdicts), jobs=tuple(jobs))
