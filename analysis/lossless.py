@@ -9,6 +9,7 @@ configs as usual with a visible mark; ``--emit`` refuses to deploy one unless ``
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,8 +56,9 @@ class ConfigVerdict:
                 f"({share_text(self.divergence_rate)}, floor {floor})"
             )
             if self.first_diverging_positions:
-                shown = ", ".join(map(str, self.first_diverging_positions[:8]))
-                more = ", ..." if len(self.first_diverging_positions) > 8 else ""
+                counts = Counter(self.first_diverging_positions)
+                shown = ", ".join(f"{position} ({n}x)" for position, n in sorted(counts.items())[:8])
+                more = ", ..." if len(counts) > 8 else ""
                 measured += f", first diverging at token {shown}{more}"
             parts.append(measured)
         return "; ".join(parts) or "not checked"

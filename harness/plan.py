@@ -88,6 +88,7 @@ class Plan:
                     "serves": list(j.requested_points),
                     "axes": dict(j.axes),
                     "effective": j.effective.as_dict(),
+                    "lossy_by_design": j.lossy_by_design(),
                 }
                 for j in self.jobs
             ],
