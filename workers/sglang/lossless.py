@@ -43,7 +43,7 @@ def lossy_by_design(args: Sequence[str], *, speculative: bool) -> str | None:
     ]
     if not below:
         return None
-    return f"{' and '.join(below)} below {EXACT_THRESHOLD:g} accepts drafts the target would not pick"
+    return f"{' and '.join(below)} below {EXACT_THRESHOLD:.1f} accepts drafts the target would not pick"
 
 
 def greedy_request(prompt: str, max_new_tokens: int) -> dict[str, Any]:
