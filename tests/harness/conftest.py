@@ -25,7 +25,8 @@ def simulated_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     """A head without GPUs plus two simulated 8-GPU nodes, started once for every driver module that asks
     for ``cluster`` (each start cost 10 s idle, more under load, and four modules use it); the root of
     its node-local dirs (pid files, drafter cache), which its raylets and workers inherit at start. No
-    driver is connected between modules: ``cluster`` connects for one module."""
+    driver is connected between modules: ``cluster`` connects for one module, and the last module that
+    uses it shuts the nodes down (an idle cluster takes about 5% of a core from the modules after it)."""
     from ray.cluster_utils import Cluster
 
     root = tmp_path_factory.mktemp("node-local")
@@ -50,7 +51,9 @@ def env_dirs(simulated_nodes: tuple[Any, Path]) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def cluster(simulated_nodes: tuple[Any, Path], env_dirs: Path) -> Iterator[Any]:
+def cluster(
+    request: pytest.FixtureRequest, simulated_nodes: tuple[Any, Path], env_dirs: Path
+) -> Iterator[Any]:
     """The simulated nodes, with this process connected as one Ray job for the module. The job's end
     (``ray.shutdown``) removes its actors and placement groups, so no module sees another's; a node a
     test removes is replaced by that test (see test_driver's node-removal test)."""
@@ -60,3 +63,13 @@ def cluster(simulated_nodes: tuple[Any, Path], env_dirs: Path) -> Iterator[Any]:
     ray.init(address=nodes.address, namespace="specsweep", log_to_driver=False)
     yield nodes
     ray.shutdown()
+    if not _used_later(request.node, "cluster"):
+        nodes.shutdown()  # the session fixture's own shutdown then finds no node left
+
+
+def _used_later(module: pytest.Item | pytest.Collector, fixture: str) -> bool:
+    """Whether a test after ``module``'s last one, in this session's order (set before the first test
+    runs, shuffled or not), uses ``fixture``."""
+    items = module.session.items
+    last = max(i for i, item in enumerate(items) if item.getparent(pytest.Module) is module)
+    return any(fixture in item.fixturenames for item in items[last + 1 :])
