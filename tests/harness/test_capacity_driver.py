@@ -1,9 +1,9 @@
 """Capacity under SLO on a simulated Ray cluster: the search against the simulator's own truth.
 
-The models and spec helpers are test_driver's, the cluster the driver tests' (tests/harness/conftest.py).
-The truth is not found by a search: it is the simulator's performance model
-(``workers.sim.model.ground_truth``, the same scheduling, step costs and acceptance draws the simulated
-server runs) evaluated at every concurrency of the bracket, with many more requests than a probe sends.
+The cluster, models and spec helpers are test_driver's (imported, one cluster for this module). The truth
+is not found by a search: it is the simulator's performance model (``workers.sim.model.ground_truth``, the
+same scheduling, step costs and acceptance draws the simulated server runs) evaluated at every
+concurrency of the bracket, with many more requests than a probe sends.
 """
 
 from __future__ import annotations
