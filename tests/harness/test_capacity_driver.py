@@ -18,8 +18,6 @@ from analysis.store import open_store
 from analysis.views import connect
 from harness.cli import main
 from tests.harness.test_driver import (  # noqa: F401  (fixtures used by name)
-    cluster,
-    env_dirs,
     make_spec,
     models,
     rows,
@@ -136,8 +134,8 @@ def check(
 
 
 def test_concurrency_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searched(
-    cluster: Any,  # noqa: F811  (the fixture imported above)
-    models: dict[str, str],  # noqa: F811
+    cluster: Any,
+    models: dict[str, str],  # noqa: F811  (the fixture imported above)
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -175,7 +173,7 @@ def test_concurrency_capacity_is_within_5_percent_of_the_model_in_8_probes_when_
 
 
 def test_rate_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searched(
-    cluster: Any,  # noqa: F811
+    cluster: Any,
     models: dict[str, str],  # noqa: F811
     tmp_path: Path,
 ) -> None:

@@ -1,7 +1,7 @@
 """The driver on a simulated Ray cluster: two 8-GPU nodes, the simulated SGLang server, real files.
 
-One cluster for the whole module (tests run in order; the node-removal test is last because it takes
-a node away). Every sweep is tiny: two load levels of a few short requests at a fast simulator time
+One cluster for the session's driver modules (``cluster`` in tests/harness/conftest.py, a Ray job per
+module); a test that takes a node away puts a fresh one back. Every sweep is tiny: two load levels of a few short requests at a fast simulator time
 scale, so each job takes a few seconds.
 """
 
@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,35 +43,6 @@ pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parents[2]
 LEVELS = 2
 REQUESTS_PER_LEVEL = 3
-
-
-@pytest.fixture(scope="module")
-def env_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Node-local dirs (pid files, drafter cache) private to this module; the raylets inherit them."""
-    root = tmp_path_factory.mktemp("node-local")
-    saved = {k: os.environ.get(k) for k in ("SPECSWEEP_PID_DIR", "SPECSWEEP_DRAFTER_CACHE")}
-    os.environ["SPECSWEEP_PID_DIR"] = str(root / "pids")
-    os.environ["SPECSWEEP_DRAFTER_CACHE"] = str(root / "drafters")
-    yield root
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-@pytest.fixture(scope="module")
-def cluster(env_dirs: Path) -> Iterator[Any]:
-    """A head without GPUs plus two simulated 8-GPU nodes."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    c.workers = [c.add_node(num_cpus=2, num_gpus=8) for _ in range(2)]
-    ray.init(address=c.address, namespace="specsweep", log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 @pytest.fixture(scope="module")

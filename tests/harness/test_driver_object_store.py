@@ -1,6 +1,6 @@
 """A sweep whose output is an S3 bucket (moto's S3-compatible server on 127.0.0.1), end to end.
 
-The two-node simulated cluster of test_driver (its own instance for this module): the driver writes the
+The two-node simulated cluster of the driver tests (tests/harness/conftest.py): the driver writes the
 results into the bucket and its queue into a local state directory, is SIGKILLed mid-sweep and resumed;
 every job's rows are in the bucket exactly once, the jobs finished before the kill are not run again,
 ``status`` reads the queue from the state directory and, from a host without it, the copy in the bucket,
@@ -26,8 +26,6 @@ from harness.spec import parse_spec
 from tests.harness.test_driver import (  # the module's cluster, models and driver helpers
     REPO,
     _driver_cmd,
-    cluster,
-    env_dirs,
     kill_driver_when_done,
     make_spec,
     models,
@@ -38,7 +36,7 @@ from tests.object_store import S3Server
 
 pytestmark = pytest.mark.ray
 
-__all__ = ["cluster", "env_dirs", "models"]  # fixtures used by name
+__all__ = ["models"]  # a fixture used by name
 
 LEVELS = 2
 REQUESTS = 6

@@ -1,6 +1,6 @@
 """A model-search sweep on a simulated Ray cluster (two 8-GPU nodes), killed and resumed.
 
-The cluster, models and spec helpers are test_driver's (imported, one cluster for this module).
+The models and spec helpers are test_driver's; the cluster is the driver tests' (tests/harness/conftest.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from tests.harness.test_driver import (  # noqa: F401  (fixtures used by name)
     REQUESTS_PER_LEVEL,
     _driver_cmd,
     _wait_done,
-    cluster,
-    env_dirs,
     make_spec,
     models,
     queue_state,
@@ -34,8 +32,8 @@ pytestmark = pytest.mark.ray
 
 
 def test_search_sweep_resumes_without_relaunching_when_driver_is_killed(
-    cluster: Any,  # noqa: F811  (the fixture imported above)
-    models: dict[str, str],  # noqa: F811
+    cluster: Any,
+    models: dict[str, str],  # noqa: F811  (the fixture imported above)
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

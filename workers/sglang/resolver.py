@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 RESOLVER_SCRIPT = Path(__file__).with_name("resolver_main.py")
 SGLANG_VENV_ENV = "SPECSWEEP_SGLANG_PYTHON"
 STARTUP_TIMEOUT_S = 300.0
+RESOLVER_FIX = (
+    "check that the interpreter has sglang==0.5.23 and its resolver dependencies (`make sglang-venv`)"
+)
 
 
 def default_sglang_python() -> str | None:
@@ -54,15 +57,39 @@ class ResolverResult:
     adaptive_fallback_reason: str | None = None
 
 
+def _require_interpreter(python: str) -> None:
+    if not Path(python).exists():
+        raise SpecsweepError(
+            f"SGLang interpreter not found: {python}",
+            fix="run `make sglang-venv` (creates .venv-sglang) or pass --sglang-python PATH",
+        )
+
+
+def installed_version(python: str) -> str:
+    """SGLang's version in ``python``'s environment, from its package metadata (where ``sglang.__version__``
+    falls back to) in a fraction of a second: the label of a report whose launches SGLang does not judge,
+    without the 10-30 s import of SGLang that starting the resolver costs."""
+    _require_interpreter(python)
+    done = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-8:])
+        raise SpecsweepError(
+            f"SGLang's version could not be read with {python} (exit code {done.returncode}):\n{tail}",
+            fix=RESOLVER_FIX,
+        )
+    return done.stdout.strip()
+
+
 class SGLangResolver:
     """One SGLang interpreter that resolves launch commands on request. Use as a context manager."""
 
     def __init__(self, python: str) -> None:
-        if not Path(python).exists():
-            raise SpecsweepError(
-                f"SGLang interpreter not found: {python}",
-                fix="run `make sglang-venv` (creates .venv-sglang) or pass --sglang-python PATH",
-            )
+        _require_interpreter(python)
         self.python = python
         self.version: str | None = None
         self._proc: subprocess.Popen[str] | None = None
@@ -108,8 +135,7 @@ class SGLangResolver:
             tail = "\n".join(stderr.strip().splitlines()[-8:])
             raise SpecsweepError(
                 f"SGLang's resolver ({self.python}) exited with code {self._proc.returncode}:\n{tail}",
-                fix="check that the interpreter has sglang==0.5.23 and its resolver dependencies "
-                "(`make sglang-venv`)",
+                fix=RESOLVER_FIX,
             )
         answer: dict[str, Any] = json.loads(line)
         return answer

@@ -7,6 +7,7 @@ project's own rules then refuse launches SGLang would accept but that measure th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from workers.sglang import api
 from workers.sglang.flags import ArgvError, parse_launch_args
-from workers.sglang.resolver import ResolverResult, SGLangResolver, default_sglang_python
+from workers.sglang.resolver import ResolverResult, SGLangResolver, default_sglang_python, installed_version
 from workers.sglang.rules import (
     Finding,
     SpecParams,
@@ -262,15 +263,23 @@ def validate_many(
     python = (sglang_python or default_sglang_python()) if use_resolver else None
     if python is None:
         return [_report(a, None, None, target_config_dir, draft_config_dir) for a in argv_lists]
+    missing = [None if target_config_dir else _target_not_here(argv) for argv in argv_lists]
     reports = []
-    with SGLangResolver(python) as resolver:
-        label = f"sglang {resolver.version}"
-        for argv in argv_lists:
-            missing = None if target_config_dir else _target_not_here(argv)
-            if missing is not None:
+    with contextlib.ExitStack() as stack:
+        # SGLang starts only when a launch is for it to judge (its import is 10-30 s); else its version
+        # labels the reports.
+        resolver = None
+        if all(path is not None for path in missing):
+            label = f"sglang {installed_version(python)}"
+        else:
+            resolver = stack.enter_context(SGLangResolver(python))
+            label = f"sglang {resolver.version}"
+        for argv, model_path in zip(argv_lists, missing, strict=True):
+            if model_path is not None:
                 report = _report(argv, None, None, target_config_dir, draft_config_dir)
-                reports.append(_resolver_not_run(report, label, missing))
+                reports.append(_resolver_not_run(report, label, model_path))
                 continue
+            assert resolver is not None
             result = resolver.resolve(_resolver_argv(argv, target_config_dir, draft_config_dir))
             reports.append(_report(argv, result, label, target_config_dir, draft_config_dir))
     return reports
