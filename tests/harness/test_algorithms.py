@@ -13,6 +13,7 @@ from harness.cli import main
 from harness.plan import Plan, plan_sweep
 from harness.spec import parse_spec
 from specsweep.errors import SpecError
+from workers.sglang.deploy import deploy_args
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DEEPSEEK = FIXTURES / "deepseek-v3"
@@ -167,3 +168,13 @@ def test_sweep_id_stays_when_the_algorithm_is_one_string() -> None:
 
 
 SWEEP_ID_BEFORE = "c3aa051a1423"
+
+
+def test_deploy_args_keep_a_standalone_draft_when_the_drafter_is_published() -> None:
+    """`best --emit` points an EAGLE3 launch at the published drafter; a STANDALONE launch's small draft
+    model is its own, not the drafter's, and stays."""
+    draft = ["--speculative-draft-model-path"]
+    eagle3 = ["--model-path", "/n/t", "--speculative-algorithm", "EAGLE3", *draft, "/cache/converted"]
+    standalone = ["--model-path", "/n/t", "--speculative-algorithm=STANDALONE", *draft, "/models/small"]
+    assert deploy_args(eagle3, model_path="/t", draft_path="/pub")[-1] == "/pub"
+    assert deploy_args(standalone, model_path="/t", draft_path="/pub")[-1] == "/models/small"
