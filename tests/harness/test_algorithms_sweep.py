@@ -118,3 +118,14 @@ def test_best_ranks_each_algorithm_against_the_one_baseline_when_axis_is_the_alg
         assert labels - {"baseline"} == {
             f"chain d={d} [speculative_algorithm={ranking['value']}]" for d in (2, 4)
         }
+
+
+def test_report_shows_every_algorithms_configs_when_algorithms_are_compared(
+    swept: Path, tmp_path: Path
+) -> None:
+    """`report` lists each algorithm's chains under their own labels beside the one baseline."""
+    html = tmp_path / "report.html"
+    assert main(["report", str(swept), "-o", str(html), "--bootstrap", "200"]) == 0
+    text = html.read_text()
+    for algorithm in ("EAGLE3", "NEXTN", "NGRAM"):
+        assert f"chain d=4 [speculative_algorithm={algorithm}]" in text
