@@ -2,7 +2,8 @@
 
 ``jobs.axes`` holds each job's axis values as a JSON object (``docs/results.md``); the ``job_axes`` view
 has one row per job and axis. ``best --axis NAME`` ranks the jobs of each value of NAME on their own,
-so every config is compared with the baseline measured at the same value.
+so every config is compared with the baseline measured at the same value (an algorithm comparison's
+one baseline, which has no algorithm, in every algorithm's ranking).
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def axis_values(con: duckdb.DuckDBPyConnection, axis: str) -> list[str]:
 
 
 def jobs_elsewhere(con: duckdb.DuckDBPyConnection, axis: str, value: str) -> set[str]:
-    """The committed jobs that did not run ``axis`` at ``value`` (what a ranking at that value skips)."""
+    """The committed jobs that ran ``axis`` at another value (what a ranking at that value skips). A job
+    without the axis is in every value's ranking: the one baseline of an algorithm comparison, which
+    runs no algorithm (the server axes, which every job has, are unaffected)."""
     rows = con.execute(
-        "SELECT job_id FROM jobs EXCEPT SELECT job_id FROM job_axes WHERE axis = ? AND value = ?",
+        "SELECT job_id FROM job_axes WHERE axis = ? AND value <> ?",
         [axis, value],
     ).fetchall()
     return {str(row[0]) for row in rows}

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.spec import SweepSpec
+from harness.spec import ALGORITHM_AXIS, SweepSpec
 from specsweep.errors import SpecError
 from workers.job import JobSpec, launch_args
 from workers.load.workloads import PromptSetWorkload
 from workers.sglang import SpecParams, ValidationReport, default_sglang_python, multinode, validate_many
 from workers.sglang.axes import axis_flag_args, env_findings
+from workers.sglang.rules import TRAINED_DRAFTER_ALGORITHMS
 
 AxisValues = tuple[tuple[str, str], ...]  # (axis name, value) in the spec's axis order
 
@@ -114,36 +115,45 @@ def axes_label(axes: AxisValues) -> str:
 
 
 def speculative_points(spec: SweepSpec) -> list[GridPoint]:
-    """The requested speculative configurations without axes: the baseline, the grid, the chains."""
+    """The requested speculative configurations without server axes: the baseline once, then per
+    algorithm the grid and the chains (carrying the algorithm axis when the spec lists algorithms)."""
     points = [GridPoint(BASELINE_LABEL, SpecParams())] if spec.baseline else []
     grid = spec.speculative
     if grid is None:
         return points
-    for steps, topk, draft in itertools.product(grid.num_steps, grid.topk, grid.num_draft_tokens):
-        label = f"tree s={steps} k={topk} n={draft}"
-        points.append(GridPoint(label, SpecParams(grid.algorithm, steps, topk, draft)))
-    for depth in grid.chain_depths:
-        points.append(GridPoint(f"chain d={depth}", SpecParams(grid.algorithm, depth - 1, 1, depth)))
+    for algorithm in grid.algorithms:
+        axes: AxisValues = ((ALGORITHM_AXIS, algorithm),) if grid.algorithm_is_axis else ()
+        for steps, topk, draft in itertools.product(grid.num_steps, grid.topk, grid.num_draft_tokens):
+            label = f"tree s={steps} k={topk} n={draft}"
+            points.append(GridPoint(label, SpecParams(algorithm, steps, topk, draft), axes))
+        for depth in grid.chain_depths:
+            points.append(GridPoint(f"chain d={depth}", SpecParams(algorithm, depth - 1, 1, depth), axes))
     return points
 
 
 def grid_points(spec: SweepSpec) -> list[GridPoint]:
     """Every requested configuration: each server-axis setting (in order) crossed with the baseline, the
-    grid and the chains."""
+    grid and the chains (the algorithm axis, if any, after the server axes)."""
     return [
-        GridPoint(point.label + axes_label(axes), point.requested, axes)
+        GridPoint(point.label + axes_label(axes + point.axes), point.requested, axes + point.axes)
         for axes in axis_combinations(spec)
         for point in speculative_points(spec)
     ]
 
 
-def point_base_args(spec: SweepSpec, axes: AxisValues) -> list[str]:
-    """base_args followed by the point's flag axes at their values."""
+def point_base_args(spec: SweepSpec, axes: AxisValues, algorithm: str | None = None) -> list[str]:
+    """base_args, the point's flag axes at their values, then ``algorithm``'s own flags and draft model
+    (``speculative.per_algorithm``; the trained drafter is added at launch instead, after conversion)."""
     args = list(spec.base_args)
     for name, value in axes:
-        flag = spec.axes[name].flag
-        if flag is not None:
-            args += axis_flag_args(flag, value)
+        axis = spec.axes.get(name)  # None: the algorithm axis, whose value is the point's algorithm
+        if axis is not None and axis.flag is not None:
+            args += axis_flag_args(axis.flag, value)
+    if algorithm is not None and spec.speculative is not None:
+        settings = spec.speculative.settings(algorithm)
+        args += settings.args
+        if settings.draft_model_path is not None:
+            args += ["--speculative-draft-model-path", settings.draft_model_path]
     return args
 
 
@@ -151,21 +161,31 @@ def point_env(spec: SweepSpec, axes: AxisValues) -> dict[str, str]:
     """The spec's env with the point's environment-variable axes at their values, sorted by name."""
     env = dict(spec.env)
     for name, value in axes:
-        variable = spec.axes[name].env
-        if variable is not None:
-            env[variable] = value
+        axis = spec.axes.get(name)
+        if axis is not None and axis.env is not None:
+            env[axis.env] = value
     return dict(sorted(env.items()))
 
 
+def uses_drafter(spec: SweepSpec, params: SpecParams) -> bool:
+    """Whether a server of ``params`` loads the spec's trained drafter: EAGLE3 and EAGLE do (after the
+    per-node conversion); NEXTN (the target's MTP layers), STANDALONE (its own small model) and NGRAM
+    (no model) do not, so their jobs skip the conversion."""
+    algorithm = params.speculative_algorithm
+    return (
+        spec.drafter is not None and algorithm is not None and algorithm.upper() in TRAINED_DRAFTER_ALGORITHMS
+    )
+
+
 def _draft_path(spec: SweepSpec, params: SpecParams) -> str | None:
-    return spec.drafter.path if spec.drafter is not None and params.speculative_algorithm else None
+    return spec.drafter.path if spec.drafter is not None and uses_drafter(spec, params) else None
 
 
 def point_argv(spec: SweepSpec, point: GridPoint) -> list[str]:
     """The launch arguments a grid point asks for (what the validator checks): rank 0's for a server over
     several nodes, with a stand-in rendezvous address (the harness picks the real one at launch)."""
     args = launch_args(
-        point_base_args(spec, point.axes),
+        point_base_args(spec, point.axes, point.requested.speculative_algorithm),
         spec.model_path,
         point.requested,
         _draft_path(spec, point.requested),
@@ -177,16 +197,18 @@ def _digest(value: Any, length: int) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:length]
 
 
-def effective_config(spec: SweepSpec, effective: SpecParams, axes: AxisValues = ()) -> dict[str, Any]:
+def effective_config(spec: SweepSpec, point: GridPoint, effective: SpecParams) -> dict[str, Any]:
     """Everything that makes two servers different; equal dicts mean one server. The axis values are in
     base_args and env already; their names are added only when there are axes, so the ids of sweeps
     without axes stay as they were."""
-    speculative = effective.speculative_algorithm is not None
+    axes = point.axes
     config = {
         "engine": spec.engine,
         "model_path": spec.model_path,
-        "drafter": spec.drafter.model_dump() if spec.drafter is not None and speculative else None,
-        "base_args": point_base_args(spec, axes),
+        "drafter": spec.drafter.model_dump()
+        if spec.drafter is not None and uses_drafter(spec, point.requested)
+        else None,
+        "base_args": point_base_args(spec, axes, point.requested.speculative_algorithm),
         "env": point_env(spec, axes),
         "gpus": spec.gpus_per_server * spec.nodes_per_server,
         "speculative": effective.as_dict(),
@@ -234,7 +256,7 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
         if outcome.status == "invalid" or outcome.effective is None:
             verdicts.append(PointVerdict(point, "invalid", outcome.effective, outcome.reasons, None))
             continue
-        config = effective_config(spec, outcome.effective, point.axes)
+        config = effective_config(spec, point, outcome.effective)
         config_id = _digest(config, 12)
         configs.setdefault(config_id, config)
         served.setdefault(config_id, []).append(point)
@@ -256,8 +278,8 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
                     engine=spec.engine,
                     sglang_python=spec.sglang_python,
                     model_path=spec.model_path,
-                    drafter=spec.drafter if effective_of[config_id].speculative_algorithm else None,
-                    base_args=tuple(point_base_args(spec, first.axes)),
+                    drafter=spec.drafter if uses_drafter(spec, first.requested) else None,
+                    base_args=tuple(point_base_args(spec, first.axes, first.requested.speculative_algorithm)),
                     env=tuple(point_env(spec, first.axes).items()),
                     gpus=spec.gpus_per_server * spec.nodes_per_server,
                     nodes=spec.nodes_per_server,
@@ -294,7 +316,7 @@ def plan_sweep(
         sglang_python=sglang_python,
         use_resolver=use_resolver,
         target_config_dir=target_config_dir,
-        draft_config_dir=draft_config_dir,
+        draft_config_dirs=[draft_config_dir if uses_drafter(spec, p.requested) else None for p in points],
     )
     outcomes = [with_env_rules(spec, p, outcome_of(r)) for p, r in zip(points, reports, strict=True)]
     return build_plan(spec, points, outcomes)
@@ -365,8 +387,8 @@ def _require_local_target(spec: SweepSpec) -> None:
 
 
 def _speculates(spec: SweepSpec) -> bool:
-    """Whether any requested point runs a draft model."""
-    return any(p.requested.speculative_algorithm for p in grid_points(spec))
+    """Whether any requested point loads the spec's drafter."""
+    return any(uses_drafter(spec, p.requested) for p in grid_points(spec))
 
 
 def plan_with_local_configs(

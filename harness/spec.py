@@ -30,6 +30,7 @@ from workers.job import (
 )
 from workers.sglang import api, multinode
 from workers.sglang.axes import switch_problem
+from workers.sglang.rules import TRAINED_DRAFTER_ALGORITHMS
 
 # Flags the sweep sets itself, so base_args must not: the grid owns the speculative ones, the launcher
 # owns where the server listens and the tag that tells its server from another, the spec owns the model
@@ -50,6 +51,8 @@ OWNED_FLAGS: tuple[str, ...] = (
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a column-safe identifier: it names a results column
+# The axis a list of algorithms becomes (docs/algorithms.md): jobs.axes and labels carry it like any axis.
+ALGORITHM_AXIS = "speculative_algorithm"
 
 
 class ServerAxis(StrictModel):
@@ -91,11 +94,37 @@ class ServerAxis(StrictModel):
         return self.flag or self.env or ""
 
 
+class AlgorithmSettings(StrictModel):
+    """One algorithm's own settings: the flags and draft model its servers alone take (docs/algorithms.md)."""
+
+    draft_model_path: str | None = Field(
+        default=None,
+        description="--speculative-draft-model-path for this algorithm's servers, as seen on the nodes: "
+        "STANDALONE's small draft model (required; a plain causal LM, used as is), or another MTP draft "
+        "for NEXTN (default: the target's own MTP layers). Not for EAGLE3/EAGLE (they use `drafter`) or "
+        "NGRAM (no draft model).",
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description="SGLang flags for this algorithm's servers only, e.g. NGRAM's "
+        "[--speculative-ngram-max-bfs-breadth, '1']; checked by SGLang's parser and resolver like "
+        "base_args, and under the same restrictions.",
+    )
+
+
 class SpeculativeGrid(StrictModel):
     """The speculative configurations to try: a full (steps x topk x draft tokens) grid and/or chains."""
 
-    algorithm: str = Field(
-        default="EAGLE3", description="Value of --speculative-algorithm for every grid point."
+    algorithm: str | list[str] = Field(
+        default="EAGLE3",
+        description="Value of --speculative-algorithm for every grid point. A list (e.g. [EAGLE3, NEXTN, "
+        "NGRAM]) compares algorithms: each runs the whole grid and the baseline runs once; the algorithm "
+        f"is then a server axis named {ALGORITHM_AXIS} in labels and results (docs/algorithms.md).",
+    )
+    per_algorithm: dict[str, AlgorithmSettings] = Field(
+        default_factory=dict,
+        description="Settings of single algorithms by name (one of `algorithm`): their draft model and "
+        "their own SGLang flags. Left out of the sweep id while empty.",
     )
     num_steps: list[PositiveInt] = Field(
         default_factory=list,
@@ -113,6 +142,20 @@ class SpeculativeGrid(StrictModel):
         default_factory=list,
         description="Chain drafts by depth: depth d runs topk 1, num_draft_tokens d, num_steps d - 1.",
     )
+
+    @property
+    def algorithms(self) -> list[str]:
+        """The algorithms to run, as written."""
+        return list(self.algorithm) if isinstance(self.algorithm, list) else [self.algorithm]
+
+    @property
+    def algorithm_is_axis(self) -> bool:
+        """A list of algorithms makes the algorithm an axis; one string keeps the sweep as it was."""
+        return isinstance(self.algorithm, list)
+
+    def settings(self, algorithm: str) -> AlgorithmSettings:
+        """``algorithm``'s own settings (none given: no flags, no draft path)."""
+        return self.per_algorithm.get(algorithm) or AlgorithmSettings()
 
 
 class SearchSpec(StrictModel):
@@ -174,7 +217,8 @@ class SweepSpec(StrictModel):
     model_path: str = Field(description="Target model directory (--model-path), as seen on the nodes.")
     drafter: DrafterSpec | None = Field(
         default=None,
-        description="Draft model for EAGLE3; none for targets with a built-in MTP draft or baseline-only sweeps.",
+        description="Trained draft model for EAGLE3 / EAGLE (converted on the nodes); none for targets with "
+        "a built-in MTP draft or baseline-only sweeps. NEXTN, STANDALONE and NGRAM servers do not load it.",
     )
     base_args: list[str] = Field(
         default_factory=list,
@@ -289,7 +333,10 @@ class SweepSpec(StrictModel):
         )
         if not self.axes:
             exclude |= {"axes", "axis_points"}
-        canonical = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
+        data = self.model_dump(mode="json", exclude=exclude)
+        if data.get("speculative") and not data["speculative"]["per_algorithm"]:
+            del data["speculative"]["per_algorithm"]  # sweeps from before the field keep their id
+        canonical = json.dumps(data, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -393,6 +440,48 @@ def check_axes(spec: SweepSpec) -> None:
             )
 
 
+def check_algorithms(spec: SweepSpec) -> None:
+    """Each algorithm once; its settings name an algorithm of the sweep, and each algorithm gets the draft
+    model it loads: STANDALONE its own, EAGLE3/EAGLE the spec's drafter, NGRAM none."""
+    grid = spec.speculative
+    if grid is None:
+        return
+    names = [name.upper() for name in grid.algorithms]
+    if not names:
+        raise ValueError("speculative.algorithm: give at least one algorithm")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"speculative.algorithm: {', '.join(repeated)} given twice")
+    if grid.algorithm_is_axis and ALGORITHM_AXIS in spec.axes:
+        raise ValueError(f"axes.{ALGORITHM_AXIS}: the name is the algorithm list's axis; rename this axis")
+    base_flags = {token.split("=", 1)[0] for token in spec.base_args if token.startswith("--")}
+    for name, settings in grid.per_algorithm.items():
+        where = f"speculative.per_algorithm.{name}"
+        if name not in grid.algorithms:
+            raise ValueError(
+                f"{where}: {name} is not in speculative.algorithm ({', '.join(grid.algorithms)})"
+            )
+        for token in settings.args:
+            flag = token.split("=", 1)[0]
+            if flag in OWNED_FLAGS:
+                raise ValueError(
+                    f"{where}.args: {flag} is set by the sweep"
+                    + (" (use draft_model_path)" if flag.startswith("--speculative-draft-model") else "")
+                )
+            if flag in base_flags:
+                raise ValueError(f"{where}.args: {flag} is also given in base_args; give it in one place")
+        upper = name.upper()
+        if settings.draft_model_path is not None and upper in (*TRAINED_DRAFTER_ALGORITHMS, "NGRAM"):
+            use = "the spec's drafter" if upper != "NGRAM" else "no draft model (it drafts from the text)"
+            raise ValueError(f"{where}.draft_model_path: {name} takes {use}; remove draft_model_path")
+    for name in grid.algorithms:
+        if name.upper() == "STANDALONE" and grid.settings(name).draft_model_path is None:
+            raise ValueError(
+                f"speculative.per_algorithm.{name}.draft_model_path: STANDALONE drafts with a small model of "
+                "its own; give its directory"
+            )
+
+
 def check_search_fits_the_load(spec: SweepSpec) -> None:
     """The model search ranks closed-loop levels by throughput; budgets mean nothing to the grid."""
     search = spec.search
@@ -426,6 +515,7 @@ SPEC_CHECKS: tuple[Callable[[SweepSpec], None], ...] = (
     check_server_fits_its_nodes,
     check_env_names,
     check_axes,
+    check_algorithms,
     check_search_fits_the_load,
 )
 

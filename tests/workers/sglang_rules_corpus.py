@@ -107,6 +107,30 @@ CASES = (
     ),
     Case("unknown_algorithm", "--model-path {kimi-k2} --speculative-algorithm MEDUSA"),
     Case("ngram", "--model-path {kimi-k2} --speculative-algorithm NGRAM"),
+    Case("ngram_chain", f"--model-path {{kimi-k2}} --speculative-algorithm NGRAM {CHAIN}"),
+    Case(
+        "ngram_breadth_one",
+        "--model-path {kimi-k2} --speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 "
+        "--speculative-num-draft-tokens 6",
+    ),
+    Case(
+        "ngram_breadth_zero",
+        "--model-path {kimi-k2} --speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 0",
+    ),
+    Case(
+        "ngram_dp_attention",
+        "--model-path {kimi-k2} --speculative-algorithm NGRAM --enable-dp-attention --tp-size 2 --dp-size 2",
+    ),
+    Case(
+        "ngram_paged_tree",
+        "--model-path {kimi-k2} --speculative-algorithm NGRAM --page-size 16 --attention-backend fa3",
+    ),
+    Case(
+        "standalone_dp_attention",
+        "--model-path {kimi-k2} --speculative-algorithm STANDALONE --speculative-draft-model-path {llama-target} "
+        "--enable-dp-attention --tp-size 2 --dp-size 2",
+    ),
+    Case("nextn_mtp_chain", f"--model-path {{kimi-k2-mtp}} --speculative-algorithm NEXTN {CHAIN}"),
     Case("eagle3_chain", f"{EAGLE3_KIMI} {CHAIN}"),
     Case(
         "eagle3_chain_lowercase",

@@ -82,15 +82,58 @@ FINDINGS: dict[str, tuple[list[tuple[str, str, str | None]], list[tuple[str, str
         ],
         [],
     ),
-    "ngram": (
+    "ngram_chain": (
         [],
         [
             (
-                "not_modelled",
-                "the built-in rules model the EAGLE family only; NGRAM is checked by SGLang's resolver alone",
-                None,
+                "ngram_topk_is_breadth",
+                "NGRAM: --speculative-eagle-topk 1 is replaced by --speculative-ngram-max-bfs-breadth (10)",
+                "set the n-gram tree's breadth with --speculative-ngram-max-bfs-breadth",
             )
         ],
+    ),
+    "ngram_breadth_zero": (
+        [
+            (
+                "ngram_breadth",
+                "--speculative-ngram-max-bfs-breadth 0: SGLang 0.5.23 divides the draft tokens by it "
+                "(ZeroDivisionError: integer division or modulo by zero)",
+                "use --speculative-ngram-max-bfs-breadth >= 1",
+            )
+        ],
+        [],
+    ),
+    "ngram_dp_attention": (
+        [
+            (
+                "dp_attention_unsupported",
+                "Currently ngram speculative decoding does not support dp attention.",
+                "drop --enable-dp-attention (or use EAGLE3 / NEXTN)",
+            )
+        ],
+        [],
+    ),
+    "ngram_paged_tree": (
+        [
+            (
+                "ngram_page_tree",
+                "speculative_eagle_topk(10) > 1 with page_size(16) > 1 is unstable and produces incorrect "
+                "results for paged attention backends. This combination is only supported for the "
+                "'flashinfer' backend.",
+                "use --page-size 1, --attention-backend flashinfer or --speculative-ngram-max-bfs-breadth 1",
+            )
+        ],
+        [],
+    ),
+    "standalone_dp_attention": (
+        [
+            (
+                "dp_attention_unsupported",
+                "Currently standalone speculative decoding does not support dp attention.",
+                "drop --enable-dp-attention (or use EAGLE3 / NEXTN)",
+            )
+        ],
+        [],
     ),
     "eagle3_topk_without_steps": (
         [

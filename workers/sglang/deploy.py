@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workers.sglang import api, multinode
-from workers.sglang.rules import SPEC_FLAGS, adaptive_config_problem
+from workers.sglang.rules import SPEC_FLAGS, TRAINED_DRAFTER_ALGORITHMS, adaptive_config_problem
 
 # Where and which launch: not deployed (a multi-node server's rendezvous was an address of the sweep's).
 LAUNCH_ONLY_FLAGS = ("--host", "--port", api.LAUNCH_TAG_FLAG, *multinode.DIST_INIT_ADDR_FLAGS)
@@ -38,11 +38,27 @@ def launch_args(argv: Sequence[str]) -> list[str]:
 
 def deploy_args(args: Sequence[str], *, model_path: str, draft_path: str | None) -> list[str]:
     """``args`` without a listen address, launch tag or rank flags, with the model and drafter paths to
-    deploy."""
+    deploy. The drafter's path replaces the measured one only where the launch loaded the trained drafter
+    (EAGLE3 / EAGLE): a STANDALONE launch keeps its own draft model."""
     out = _with_value(strip_launch_only(args), MODEL_FLAG, model_path)
-    if draft_path is not None and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out):
+    if (
+        draft_path is not None
+        and _loads_trained_drafter(out)
+        and any(t.split("=", 1)[0] == DRAFT_FLAG for t in out)
+    ):
         out = _with_value(out, DRAFT_FLAG, draft_path)
     return out
+
+
+def _loads_trained_drafter(args: Sequence[str]) -> bool:
+    """Whether the launch's --speculative-algorithm is one that loads the sweep's trained drafter."""
+    flag = SPEC_FLAGS[api.SPEC_ALGORITHM]
+    for i, token in enumerate(args):
+        name, _, value = token.partition("=")
+        if name == flag:
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            return value.upper() in TRAINED_DRAFTER_ALGORITHMS
+    return False
 
 
 def strip_launch_only(args: Sequence[str]) -> list[str]:

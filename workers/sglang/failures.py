@@ -26,6 +26,9 @@ RESOLVE_EXCEPTIONS: dict[str, str] = {
     "backend_no_spec": "AssertionError: Speculative decoding is currently not supported with Flex Attention "
     "backend",
     "rejection_sampling": "ValueError: {message}",
+    "dp_attention_unsupported": "ValueError: {message}",
+    "ngram_page_tree": "ValueError: {message}",
+    "ngram_breadth": "ZeroDivisionError: integer division or modulo by zero",
 }
 
 # Finding codes SGLang accepts at resolution but crashes on while loading the draft or sizing the tree.

@@ -32,6 +32,13 @@ EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
 KNOWN_ALGORITHMS = ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM")
 ALGORITHM_ALIASES = {"NEXTN": "EAGLE"}
 EAGLE3_DRAFT_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+# The algorithms a sweep can compare (docs/algorithms.md), as the user writes them, and which of them load
+# a trained drafter (the spec's ``drafter``, converted on every node); NEXTN drafts with the target's own
+# MTP layers, STANDALONE with a plain small model, NGRAM with no model at all.
+SWEEP_ALGORITHMS = ("EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "NGRAM")
+TRAINED_DRAFTER_ALGORITHMS = ("EAGLE3", "EAGLE")
+# _handle_ngram: --speculative-eagle-topk becomes --speculative-ngram-max-bfs-breadth; draft tokens 12.
+NGRAM_DEFAULT_DRAFT_TOKENS = 12
 
 # _auto_choose_speculative_params: (steps, topk, draft tokens) when all three are unset.
 WIDE_TREE_DEFAULT_ARCHITECTURES = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")
@@ -197,6 +204,18 @@ def check_algorithm(res: Resolution) -> None:
             stop=True,
         )
         return
+    if algo == "NGRAM":
+        resolve_ngram(res)
+        res.stopped = True
+        return
+    if algo == "STANDALONE" and attention_dp(res.launch):
+        res.fail(
+            "dp_attention_unsupported",
+            "Currently standalone speculative decoding does not support dp attention.",
+            "drop --enable-dp-attention (or use EAGLE3 / NEXTN)",
+            stop=True,
+        )
+        return
     if algo not in EAGLE_FAMILY:
         res.warnings.append(
             Finding(
@@ -205,6 +224,70 @@ def check_algorithm(res: Resolution) -> None:
             )
         )
         res.stopped = True
+
+
+def attention_dp(launch: LaunchArgs) -> bool:
+    """SGLang's ``attn_dp_enabled_of``: attention DP over more than one rank."""
+    return bool(launch.get("enable_dp_attention")) and (launch.get("dp_size") or 1) > 1
+
+
+def resolve_ngram(res: Resolution) -> None:
+    """Mirror of ``arg_groups/speculative_hook.py::_handle_ngram``: no draft model; topk is always the
+    n-gram tree's --speculative-ngram-max-bfs-breadth (a given --speculative-eagle-topk is overwritten),
+    draft tokens default to 12, steps to draft tokens // breadth; DP attention and an unstable paged tree
+    are refused. (Mixed chunked prefill is turned off too; the overlap scheduler stays on in 0.5.23.)"""
+    launch = res.launch
+    if attention_dp(launch):
+        res.fail(
+            "dp_attention_unsupported",
+            "Currently ngram speculative decoding does not support dp attention.",
+            "drop --enable-dp-attention (or use EAGLE3 / NEXTN)",
+            stop=True,
+        )
+        return
+    breadth = launch.get("speculative_ngram_max_bfs_breadth")
+    eff = res.effective
+    asked_topk = eff.speculative_eagle_topk
+    if asked_topk is not None and asked_topk != breadth:
+        res.warnings.append(
+            Finding(
+                "ngram_topk_is_breadth",
+                f"NGRAM: --speculative-eagle-topk {asked_topk} is replaced by "
+                f"--speculative-ngram-max-bfs-breadth ({breadth})",
+                "set the n-gram tree's breadth with --speculative-ngram-max-bfs-breadth",
+            )
+        )
+    draft = eff.speculative_num_draft_tokens or NGRAM_DEFAULT_DRAFT_TOKENS
+    steps = eff.speculative_num_steps
+    if steps is None:
+        if breadth == 0:
+            res.fail(
+                "ngram_breadth",
+                "--speculative-ngram-max-bfs-breadth 0: SGLang 0.5.23 divides the draft tokens by it "
+                "(ZeroDivisionError: integer division or modulo by zero)",
+                "use --speculative-ngram-max-bfs-breadth >= 1",
+                stop=True,
+            )
+            return
+        steps = draft // breadth
+    res.effective = replace(
+        eff,
+        speculative_num_steps=steps,
+        speculative_eagle_topk=breadth,
+        speculative_num_draft_tokens=draft,
+        max_running_requests=eff.max_running_requests or SPEC_MAX_RUNNING_REQUESTS,
+    )
+    page_size = launch.get("page_size") or 1
+    backend = launch.get("attention_backend")
+    if breadth > 1 and page_size > 1 and backend is not None and backend != "flashinfer":
+        res.fail(
+            "ngram_page_tree",
+            f"speculative_eagle_topk({breadth}) > 1 with page_size({page_size}) > 1 is unstable and produces "
+            "incorrect results for paged attention backends. This combination is only supported for the "
+            "'flashinfer' backend.",
+            "use --page-size 1, --attention-backend flashinfer or --speculative-ngram-max-bfs-breadth 1",
+        )
+    check_rejection_sampling(res)
 
 
 def check_max_running_requests(res: Resolution) -> None:

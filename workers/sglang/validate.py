@@ -257,12 +257,19 @@ def validate_many(
     use_resolver: bool = True,
     target_config_dir: str | None = None,
     draft_config_dir: str | None = None,
+    draft_config_dirs: Sequence[str | None] | None = None,
 ) -> list[ValidationReport]:
-    """Validate many launch commands with ONE SGLang process (import once, resolve each)."""
+    """Validate many launch commands with ONE SGLang process (import once, resolve each).
+
+    ``draft_config_dirs``: one draft config directory per command, instead of ``draft_config_dir`` for
+    all (a sweep comparing algorithms: only its EAGLE3 / EAGLE launches load the converted drafter)."""
     argv_lists = [list(a) for a in argvs]
+    drafts = (
+        list(draft_config_dirs) if draft_config_dirs is not None else [draft_config_dir] * len(argv_lists)
+    )
     python = (sglang_python or default_sglang_python()) if use_resolver else None
     if python is None:
-        return [_report(a, None, None, target_config_dir, draft_config_dir) for a in argv_lists]
+        return [_report(a, None, None, target_config_dir, d) for a, d in zip(argv_lists, drafts, strict=True)]
     missing = [None if target_config_dir else _target_not_here(argv) for argv in argv_lists]
     reports = []
     with contextlib.ExitStack() as stack:
@@ -274,14 +281,14 @@ def validate_many(
         else:
             resolver = stack.enter_context(SGLangResolver(python))
             label = f"sglang {resolver.version}"
-        for argv, model_path in zip(argv_lists, missing, strict=True):
+        for argv, draft, model_path in zip(argv_lists, drafts, missing, strict=True):
             if model_path is not None:
-                report = _report(argv, None, None, target_config_dir, draft_config_dir)
+                report = _report(argv, None, None, target_config_dir, draft)
                 reports.append(_resolver_not_run(report, label, model_path))
                 continue
             assert resolver is not None
-            result = resolver.resolve(_resolver_argv(argv, target_config_dir, draft_config_dir))
-            reports.append(_report(argv, result, label, target_config_dir, draft_config_dir))
+            result = resolver.resolve(_resolver_argv(argv, target_config_dir, draft))
+            reports.append(_report(argv, result, label, target_config_dir, draft))
     return reports
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.sim.adaptive import AdaptiveSchedule
+from workers.sim.algorithms import Drafting, ngram_depth_probs
 from workers.sim.faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line, lossy_from
 from workers.sim.model import (
     DraftShape,
@@ -158,6 +159,7 @@ class SimEngine:
         drafts_always_rejected: bool = False,
         adaptive: AdaptiveSchedule | None = None,
         nnodes: int = 1,
+        drafting: Drafting | None = None,
     ) -> None:
         self.settings = settings
         self.nnodes = nnodes  # nodes the server's tensor parallelism spans (model.cross_node_seconds)
@@ -173,6 +175,7 @@ class SimEngine:
         self.max_running = max_running_requests
         self.on_finish = on_finish
         self.drafts_always_rejected = drafts_always_rejected
+        self.drafting = drafting  # the algorithm's acceptance and draft cost (workers.sim.algorithms)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.counters = SpecCounters()
@@ -182,7 +185,7 @@ class SimEngine:
         self._work = asyncio.Event()
         self._output = asyncio.Event()
         self._seen_prompts: dict[bytes, int] = {}
-        self._probs_by_content: dict[tuple[str, float], tuple[float, ...]] = {}
+        self._probs_by_content: dict[tuple[str, float, float], tuple[float, ...]] = {}
 
     # --- requests --------------------------------------------------------------------------------------
     def new_request(
@@ -197,6 +200,7 @@ class SimEngine:
         stop: tuple[str, ...],
         category: str | None = None,
         health_check: bool = False,
+        repetition: float = 0.0,
     ) -> SimRequest:
         """A request seeded by (seed, prompt, how often this prompt was seen): reproducible per request.
         At temperature 0 the output (ids and where EOS ends it) depends on the prompt alone, as a greedy
@@ -215,7 +219,7 @@ class SimEngine:
             max_new_tokens=max_new_tokens,
             natural_len=natural,
             stop=stop,
-            probs=self._probs(category or self.profile.default_category, temperature),
+            probs=self._probs(category or self.profile.default_category, temperature, repetition),
             rng=rng,
             token_base=int.from_bytes(digest[:8], "little") % EOS_TOKEN_ID,
             lossy_from=None if health_check else lossy_from(self.settings, self.shape),
@@ -321,11 +325,14 @@ class SimEngine:
     def _decode_seconds(self, shape: DraftShape | None) -> float:
         """One decode iteration over the running batch (physics: at the batch's mean context)."""
         batch = len(self.running)
+        drafting = self.drafting if shape is not None else None
+        lookup = drafting.lookup_seconds(batch) if drafting is not None else 0.0
         if self.physics is None:
-            return decode_step_seconds(self.profile, shape, batch)
+            scale = drafting.draft_cost_scale if drafting is not None else 1.0
+            return decode_step_seconds(self.profile, shape, batch, draft_scale=scale) + lookup
         context = sum(r.prompt_tokens + len(r.output_ids) for r in self.running) // max(batch, 1)
         step = self.physics.decode_step_seconds(shape, batch, context, max_running=self.max_running or batch)
-        return step * self.launch_factor
+        return step * self.launch_factor + lookup
 
     def _decode_shape(self, batch: int) -> DraftShape | None:
         """The shape this decode iteration drafts: the launch's, or the adaptive slot's depth as a topk-1
@@ -350,7 +357,14 @@ class SimEngine:
         the step's accepted drafts per request to the batch's slot."""
         batch = self.running
         counters = self.counters
-        depth = shape.num_steps if shape is not None else 0
+        # An n-gram tree's depth is its own (workers.sim.algorithms), not the steps SGLang reports.
+        depth = (
+            None
+            if self.drafting is not None and self.drafting.uses_prompt
+            else shape.num_steps
+            if shape
+            else 0
+        )
         proposed = shape.num_draft_tokens - 1 if shape is not None else 0
         accepted: list[int] = []
         for request in batch:
@@ -417,18 +431,27 @@ class SimEngine:
             for r in self.running
         )
 
-    def _probs(self, category: str, temperature: float) -> tuple[float, ...]:
+    def _probs(self, category: str, temperature: float, repetition: float) -> tuple[float, ...]:
         if self.shape is None:
             return ()
-        probs = self._probs_by_content.get((category, temperature))
+        drafting = self.drafting
+        if drafting is None or not drafting.uses_prompt:
+            repetition = 0.0  # acceptance depends on the content category only: share the cache entry
+        probs = self._probs_by_content.get((category, temperature, repetition))
         if probs is None:
-            if self.physics is not None:
+            if drafting is not None and drafting.uses_prompt:
+                probs = ngram_depth_probs(
+                    repetition, self.shape.num_draft_tokens, self.shape.topk, self.profile.topk_gain
+                )
+            elif self.physics is not None:
                 probs = self.physics.depth_accept_probs(self.shape, temperature, category)
             else:
                 probs = depth_accept_probs(self.profile, self.shape, temperature, category)
+            if drafting is not None:
+                probs = drafting.depth_probs(probs)
             if self.drafts_always_rejected:
                 probs = tuple(0.0 for _ in probs)
-            self._probs_by_content[category, temperature] = probs
+            self._probs_by_content[category, temperature, repetition] = probs
         return probs
 
 

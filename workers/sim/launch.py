@@ -15,6 +15,7 @@ from typing import Any
 from specsweep.errors import SpecsweepError
 from workers.sglang import SpecParams, api, builtin_resolve, failures, parse_launch_args
 from workers.sglang.rules import Resolution, read_model_config
+from workers.sim.algorithms import Drafting, drafting_of
 from workers.sim.model import DraftShape
 
 ADAPTIVE_STARTUP_ERRORS = ("adaptive_config", "adaptive_steps")  # SGLang raises on these before serving
@@ -37,6 +38,7 @@ class ServedConfig:
     spec: SpecParams
     shape: DraftShape | None
     drafts_always_rejected: bool  # EAGLE with an EAGLE3 draft: SGLang runs it, acceptance is exactly 1
+    drafting: Drafting | None  # how the algorithm drafts (MTP, a standalone model, n-grams, ...)
     load_crash: str | None  # the traceback SGLang dies with while loading, if this launch cannot load
     draft_tokens_rewritten: bool  # topk 1 changed the requested num-draft-tokens (SGLang logs a warning)
     model_path: str
@@ -130,6 +132,13 @@ def resolve_launch(argv: Sequence[str]) -> ServedConfig:
         spec=spec,
         shape=DraftShape.from_spec(spec),
         drafts_always_rejected=any(f.code == "eagle3_draft_with_eagle" for f in res.errors),
+        drafting=drafting_of(
+            spec.speculative_algorithm,
+            draft_path=res.draft_path,
+            model_path=model_path,
+            draft_config=res.draft,
+            target_config=res.target,
+        ),
         load_crash=_load_crash(res),
         draft_tokens_rewritten=launch.get(api.SPEC_NUM_DRAFT_TOKENS)
         not in (None, spec.speculative_num_draft_tokens),

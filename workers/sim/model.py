@@ -302,11 +302,14 @@ def expected_accept_length(probs: tuple[float, ...]) -> float:
     return sum((j + 1) * pj for j, pj in enumerate(dist))
 
 
-def decode_step_seconds(profile: SimProfile, shape: DraftShape | None, batch: int) -> float:
-    """One decode iteration for ``batch`` running requests."""
+def decode_step_seconds(
+    profile: SimProfile, shape: DraftShape | None, batch: int, *, draft_scale: float = 1.0
+) -> float:
+    """One decode iteration for ``batch`` running requests; ``draft_scale``: the draft forward's cost
+    over the profile's one-layer drafter (``workers.sim.algorithms.Drafting``; 0: no draft model)."""
     if shape is None:
         return profile.overhead_s + profile.target_fixed_s + profile.target_per_token_s * batch
-    draft_pass = profile.draft_fixed_s + profile.draft_per_token_s * batch * shape.topk
+    draft_pass = (profile.draft_fixed_s + profile.draft_per_token_s * batch * shape.topk) * draft_scale
     verify = profile.target_fixed_s + profile.target_per_token_s * batch * shape.num_draft_tokens
     return profile.overhead_s + (shape.num_steps + 1) * draft_pass + verify
 

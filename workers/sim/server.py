@@ -29,6 +29,7 @@ from aiohttp import web
 
 from workers.sglang import SGLANG_VERSION, api, multinode
 from workers.sim.adaptive import AdaptiveSchedule
+from workers.sim.algorithms import prompt_repetition
 from workers.sim.engine import Progress, SimEngine, SimRequest
 from workers.sim.faults import READY_LINE, log_line
 from workers.sim.launch import ServedConfig
@@ -157,6 +158,7 @@ class SimServer:
             self.config.spec.max_running_requests,
             on_finish=self.metrics.observe_finished,
             drafts_always_rejected=self.config.drafts_always_rejected,
+            drafting=self.config.drafting,
             adaptive=adaptive,
             nnodes=int(self.config.resolved_args.get(multinode.NNODES) or 1),
         )
@@ -359,7 +361,17 @@ class SimServer:
             ignore_eos=params.ignore_eos,
             stop=params.stop,
             category=content_category(self.settings.profile, prompt),
+            repetition=self._repetition(prompt),
         )
+
+    def _repetition(self, prompt: Any) -> float:
+        """How repetitive the prompt is for an n-gram drafter (0 when the server does not draft from it)."""
+        drafting = self.config.drafting
+        if drafting is None or not drafting.uses_prompt:
+            return 0.0
+        if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+            prompt = " ".join(str(m.get("content") or "") for m in prompt)
+        return round(prompt_repetition(prompt.split() if isinstance(prompt, str) else prompt), 2)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         if (fault := self._fault_answer()) is not None:
