@@ -159,6 +159,7 @@ class SimServer:
             drafts_always_rejected=self.config.drafts_always_rejected,
             adaptive=adaptive,
             nnodes=int(self.config.resolved_args.get(multinode.NNODES) or 1),
+            launch=str(self.config.resolved_args.get(api.LAUNCH_TAG) or ""),
         )
         self._engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
 
@@ -254,6 +255,7 @@ class SimServer:
             "simulator": {
                 "profile": self.settings.profile.model_dump(),
                 "preset": self.settings.preset,
+                "launch_factor": engine.launch_factor,
                 "time_scale": self.settings.time_scale,
                 "seed": self.settings.seed,
             },

@@ -4,11 +4,13 @@ A real SGLang command line must run unchanged under ``python -m workers.sim``, s
 does not have comes from the environment:
 
 ==============================  ==========================================================================
-``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim.model.SimProfile`` fields);
-                                fields left out keep the default profile's values.
 ``SPECSWEEP_SIM_PRESET``        a ``workers.sim.presets.PRESETS`` name: the physics of a real setup (roofline,
-                                CUDA graphs, running cap, per-position acceptance) instead of the profile's
-                                costs and acceptance; the profile still picks content categories.
+                                CUDA graphs, running cap, per-position acceptance, launch factor). Default:
+                                ``presets.DEFAULT_PRESET_NAME`` (Kimi-K2 on H200 x8), unless a profile is set.
+``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim.model.SimProfile`` fields);
+                                fields left out keep the default profile's values. Its content categories
+                                (markers) always classify prompts; without ``SPECSWEEP_SIM_PRESET`` its
+                                linear costs and geometric acceptance replace the default preset's.
 ``SPECSWEEP_SIM_TIME_SCALE``    real seconds per simulated second (``0.1`` runs 10x faster). Default 1.
 ``SPECSWEEP_SIM_SEED``          base seed of the per-request acceptance draws. Default 0.
 ``SPECSWEEP_SIM_LOAD_DELAY_S``  real seconds of "weight loading" before the server is ready. Default 0.
@@ -37,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specsweep.documents import load_json, load_yaml, yaml_problem
 from specsweep.errors import SpecsweepError
-from workers.sim.model import DEFAULT_PROFILE, SimProfile
-from workers.sim.presets import PRESETS
+from workers.sim.model import DEFAULT_PROFILE, CostModel, SimProfile
+from workers.sim.presets import DEFAULT_PRESET_NAME, PRESETS
 
 ENV_PROFILE = "SPECSWEEP_SIM_PROFILE"
 ENV_PRESET = "SPECSWEEP_SIM_PRESET"
@@ -76,10 +78,12 @@ class SimSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    profile: SimProfile = Field(default=DEFAULT_PROFILE, description="Costs and acceptance model.")
+    profile: SimProfile = Field(
+        default=DEFAULT_PROFILE, description="Content categories; costs and acceptance when preset is None."
+    )
     preset: str | None = Field(
-        default=None,
-        description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's model.",
+        default=DEFAULT_PRESET_NAME,
+        description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's linear model.",
     )
     time_scale: float = Field(default=1.0, gt=0, description="Real seconds per simulated second.")
     seed: int = Field(default=0, description="Base seed of the per-request acceptance draws.")
@@ -94,6 +98,11 @@ class SimSettings(BaseModel):
     reuse_port: bool = Field(
         default=False, description="Bind with SO_REUSEPORT: several servers share one port (benchmarks)."
     )
+
+    @property
+    def costs(self) -> CostModel:
+        """The model the server prices iterations with: the preset, else the profile's own."""
+        return PRESETS[self.preset] if self.preset else self.profile
 
 
 def load_profile(path: Path) -> SimProfile:
@@ -151,6 +160,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
     values: dict[str, object] = {}
     if env.get(ENV_PROFILE):
         values["profile"] = load_profile(Path(env[ENV_PROFILE]))
+        values["preset"] = None  # a profile file's costs, unless a preset is named too
     preset = env.get(ENV_PRESET)
     if preset:
         if preset not in PRESETS:
