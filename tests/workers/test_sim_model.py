@@ -8,6 +8,8 @@ import random
 import pytest
 
 from workers.sglang import SpecParams
+from workers.sglang import capacity
+from workers.sim.presets import DEFAULT_PRESET
 from workers.sim.model import (
     DEFAULT_MIX,
     DEFAULT_PROFILE,
@@ -73,10 +75,35 @@ def test_decode_step_grows_with_batch_times_draft_tokens_when_speculating():
 
 def test_admissions_fill_free_slots_only_when_requests_wait():
     """A prefill admits every waiting request that fits under max_running_requests; else decode (0)."""
-    assert admissions(5, 45, 48) == 3
-    assert admissions(5, 48, 48) == 0
-    assert admissions(0, 3, 48) == 0
-    assert admissions(7, 100, None) == 7
+    assert admissions([1] * 5, [1] * 45, 48, None) == 3
+    assert admissions([1] * 5, [1] * 48, 48, None) == 0
+    assert admissions([], [1] * 3, 48, None) == 0
+    assert admissions([1] * 7, [1] * 100, None, None) == 7
+
+
+def test_admissions_stop_at_kv_tokens_when_whole_requests_do_not_fit():
+    """Admission reserves each request's whole life (prompt + output + draft slots): requests join in
+    arrival order while their tokens fit next to the running ones'; a request alone on an idle server
+    joins whatever its size. The old rule counted requests only and admitted all three below."""
+    assert admissions([400, 400, 400], [300], 48, 1000) == 1
+    assert admissions([800, 100], [300], 48, 1000) == 0  # in order: the small one waits behind the big one
+    assert admissions([5000], [], 48, 1000) == 1
+    assert admissions([600], [500], 48, 1000) == 0
+
+
+def test_ground_truth_batch_is_what_the_kv_pool_holds_when_prompts_are_long():
+    """On the default preset (Kimi-K2 FP8 on H200 x8, about 112k KV tokens a GPU) 64 streams of 20k-token
+    prompts cannot all run: each holds 20,000 + 128 + 1 + 4 tokens, so 5 decode together, and the rest
+    wait for one to finish (their TTFT holds whole requests)."""
+    preset = DEFAULT_PRESET
+    spec = SpecParams("EAGLE3", 3, 1, 4, 64)
+    reserve = capacity.request_token_reserve(20_000, 128, 4)
+    assert preset.kv_token_capacity() // reserve == 5
+    truth = ground_truth(preset, spec, Load(64, 20_000, 128, 64))
+    assert truth.batch == 5
+    short = ground_truth(preset, spec, Load(64, 200, 128, 64))
+    assert short.batch == 64
+    assert truth.ttft_s > 5 * short.ttft_s
 
 
 def test_ground_truth_prefers_deep_chains_at_concurrency_one_and_shallow_at_high_load():
