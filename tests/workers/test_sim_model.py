@@ -7,9 +7,7 @@ import random
 
 import pytest
 
-from workers.sglang import SpecParams
-from workers.sglang import capacity
-from workers.sim.presets import DEFAULT_PRESET
+from workers.sglang import SpecParams, capacity
 from workers.sim.model import (
     DEFAULT_MIX,
     DEFAULT_PROFILE,
@@ -28,6 +26,7 @@ from workers.sim.model import (
     sample_accepted_drafts,
     steady_state,
 )
+from workers.sim.presets import DEFAULT_PRESET
 from workers.sim.settings import FaultMode, SimSettingsError, load_profile, settings_from_env
 
 
