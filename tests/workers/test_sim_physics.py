@@ -267,3 +267,14 @@ def test_decode_graph_batch_sizes_equal_sglangs_when_generated_for_each_max_bs(s
         for speculative in (False, True):
             mine = list(capacity.decode_graph_batch_sizes(max_bs, speculative=speculative))
             assert mine == theirs[f"{max_bs}:{speculative}"], (max_bs, speculative)
+
+
+def test_settings_launch_sigma_overrides_preset_when_set():
+    """SPECSWEEP_SIM_LAUNCH_SIGMA replaces the preset's launch-to-launch sigma (0: every launch at factor 1);
+    unset, the default preset varies launches; a profile file without a preset has no launch factor."""
+    assert settings_from_env({}).costs.launch_factor("0:specsweep-aaaa") != 1.0
+    assert (
+        settings_from_env({"SPECSWEEP_SIM_LAUNCH_SIGMA": "0"}).costs.launch_factor("0:specsweep-aaaa") == 1.0
+    )
+    with pytest.raises(SimSettingsError, match="SPECSWEEP_SIM_LAUNCH_SIGMA"):
+        settings_from_env({"SPECSWEEP_SIM_LAUNCH_SIGMA": "fast"})

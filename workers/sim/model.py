@@ -38,7 +38,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any, Protocol
 
@@ -452,6 +452,10 @@ class _Launch:
     max_running: int | None  # the running-request cap (the engine's)
     token_budget: int | None  # the KV tokens whole requests are admitted against
     factor: float  # the launch's factor on every cost
+    # Step and prefill seconds already priced, by (batch, context) and by tokens: a run revisits the same
+    # few hundred, and the physics is pure, so each is priced once.
+    _steps: dict[tuple[int, int], float] = field(default_factory=dict)
+    _prefills: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, costs: CostModel, spec: SpecParams, load: Load, factor: float) -> _Launch:
@@ -479,12 +483,18 @@ class _Launch:
         return max(1, batch)
 
     def decode_step_s(self, batch: int, context: int) -> float:
-        return self.costs.decode_step_seconds(
-            self.shape, batch, context, max_running=self.max_running or batch, factor=self.factor
-        )
+        step = self._steps.get((batch, context))
+        if step is None:
+            step = self._steps[batch, context] = self.costs.decode_step_seconds(
+                self.shape, batch, context, max_running=self.max_running or batch, factor=self.factor
+            )
+        return step
 
     def prefill_s(self, tokens: int) -> float:
-        return self.costs.prefill_seconds(tokens, factor=self.factor)
+        seconds = self._prefills.get(tokens)
+        if seconds is None:
+            seconds = self._prefills[tokens] = self.costs.prefill_seconds(tokens, factor=self.factor)
+        return seconds
 
     def accept_lengths(self) -> tuple[tuple[str, float], ...]:
         """Each category's expected tokens per verify step."""

@@ -11,6 +11,9 @@ does not have comes from the environment:
                                 fields left out keep the default profile's values. Its content categories
                                 (markers) always classify prompts; without ``SPECSWEEP_SIM_PRESET`` its
                                 linear costs and geometric acceptance replace the default preset's.
+``SPECSWEEP_SIM_LAUNCH_SIGMA``  the preset's launch-to-launch variation (log-normal sigma of the per-launch
+                                cost factor) instead of its own; ``0`` makes every launch alike (a test of
+                                something other than launch noise). Default: the preset's.
 ``SPECSWEEP_SIM_TIME_SCALE``    real seconds per simulated second (``0.1`` runs 10x faster). Default 1.
 ``SPECSWEEP_SIM_SEED``          base seed of the per-request acceptance draws. Default 0.
 ``SPECSWEEP_SIM_LOAD_DELAY_S``  real seconds of "weight loading" before the server is ready. Default 0.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -44,6 +48,7 @@ from workers.sim.presets import DEFAULT_PRESET_NAME, PRESETS
 
 ENV_PROFILE = "SPECSWEEP_SIM_PROFILE"
 ENV_PRESET = "SPECSWEEP_SIM_PRESET"
+ENV_LAUNCH_SIGMA = "SPECSWEEP_SIM_LAUNCH_SIGMA"
 ENV_TIME_SCALE = "SPECSWEEP_SIM_TIME_SCALE"
 ENV_SEED = "SPECSWEEP_SIM_SEED"
 ENV_LOAD_DELAY_S = "SPECSWEEP_SIM_LOAD_DELAY_S"
@@ -85,6 +90,11 @@ class SimSettings(BaseModel):
         default=DEFAULT_PRESET_NAME,
         description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's linear model.",
     )
+    launch_sigma: float | None = Field(
+        default=None,
+        ge=0,
+        description="The preset's launch-to-launch sigma instead of its own; None: its own.",
+    )
     time_scale: float = Field(default=1.0, gt=0, description="Real seconds per simulated second.")
     seed: int = Field(default=0, description="Base seed of the per-request acceptance draws.")
     load_delay_s: float = Field(default=0.0, ge=0, description="Real seconds before the server is ready.")
@@ -101,8 +111,12 @@ class SimSettings(BaseModel):
 
     @property
     def costs(self) -> CostModel:
-        """The model the server prices iterations with: the preset, else the profile's own."""
-        return PRESETS[self.preset] if self.preset else self.profile
+        """The model the server prices iterations with: the preset (with ``launch_sigma`` if set), else the
+        profile's own."""
+        if not self.preset:
+            return self.profile
+        preset = PRESETS[self.preset]
+        return preset if self.launch_sigma is None else replace(preset, launch_sigma=self.launch_sigma)
 
 
 def load_profile(path: Path) -> SimProfile:
@@ -171,6 +185,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
             )
         values["preset"] = preset
     for name, key, convert in (
+        (ENV_LAUNCH_SIGMA, "launch_sigma", float),
         (ENV_TIME_SCALE, "time_scale", float),
         (ENV_SEED, "seed", int),
         (ENV_LOAD_DELAY_S, "load_delay_s", float),
