@@ -271,7 +271,7 @@ def test_decode_graph_batch_sizes_equal_sglangs_when_generated_for_each_max_bs(s
 
 def test_settings_launch_sigma_overrides_preset_when_set():
     """SPECSWEEP_SIM_LAUNCH_SIGMA replaces the preset's launch-to-launch sigma (0: every launch at factor 1);
-    unset, the default preset varies launches; a profile file without a preset has no launch factor."""
+    unset, the default preset varies launches."""
     assert settings_from_env({}).costs.launch_factor("0:specsweep-aaaa") != 1.0
     assert (
         settings_from_env({"SPECSWEEP_SIM_LAUNCH_SIGMA": "0"}).costs.launch_factor("0:specsweep-aaaa") == 1.0
