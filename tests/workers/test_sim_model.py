@@ -90,19 +90,19 @@ def test_admissions_stop_at_kv_tokens_when_whole_requests_do_not_fit():
     assert admissions([600], [500], 48, 1000) == 0
 
 
-def test_ground_truth_batch_is_what_the_kv_pool_holds_when_prompts_are_long():
-    """On the default preset (Kimi-K2 FP8 on H200 x8, about 112k KV tokens a GPU) 64 streams of 20k-token
-    prompts cannot all run: each holds 20,000 + 128 + 1 + 4 tokens, so 5 decode together, and the rest
-    wait for one to finish (their TTFT holds whole requests)."""
-    preset = DEFAULT_PRESET
+def test_ground_truth_batch_is_what_the_kv_pool_holds_when_requests_are_long():
+    """On the default preset (Kimi-K2 FP8 on H200 x8, 112,100 KV tokens a GPU) 64 streams of 2,000-token
+    prompts and 4,096-token outputs cannot all run: each holds 2,000 + 4,096 + 1 + 4 tokens for its life,
+    so 18 decode together and the rest wait. Their TPOT is a batch of 18's (9.1 ms, one step of 18 over
+    2.6 tokens a step), not 64's (18.8 ms), which admission by request count alone gave."""
     spec = SpecParams("EAGLE3", 3, 1, 4, 64)
-    reserve = capacity.request_token_reserve(20_000, 128, 4)
-    assert preset.kv_token_capacity() // reserve == 5
-    truth = ground_truth(preset, spec, Load(64, 20_000, 128, 64))
-    assert truth.batch == 5
-    short = ground_truth(preset, spec, Load(64, 200, 128, 64))
-    assert short.batch == 64
-    assert truth.ttft_s > 5 * short.ttft_s
+    reserve = capacity.request_token_reserve(2000, 4096, 4)
+    assert DEFAULT_PRESET.kv_token_capacity() // reserve == 18
+    truth = ground_truth(DEFAULT_PRESET, spec, Load(64, 2000, 4096, 64))
+    assert truth.batch == 18
+    shape = DraftShape(3, 1, 4)
+    step_64 = DEFAULT_PRESET.decode_step_seconds(shape, 64, 4000, max_running=64)
+    assert truth.tpot_s < 0.6 * step_64 / DEFAULT_PRESET.accept_length(shape)
 
 
 def test_ground_truth_prefers_deep_chains_at_concurrency_one_and_shallow_at_high_load():
