@@ -27,6 +27,7 @@ every fitted number are in ``docs/sim_server.md``; SGLang's own defaults come fr
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Mapping
@@ -153,6 +154,9 @@ class ModelShape:
 
     def always_read_params(self) -> int:
         """Parameters every forward reads whatever its tokens: attention, dense MLPs, shared experts, lm_head."""
+        return _always_read_params(self)
+
+    def _always_read_params(self) -> int:
         return (
             self.layers * self.attention_params
             + self.dense_layers * 3 * self.hidden * self.dense_intermediate
@@ -261,8 +265,7 @@ class Preset:
         max_bs = self.graph_max_bs or capacity.default_decode_graph_max_bs(
             self.gpu.memory_bytes // capacity.MIB, self.tp_size
         )
-        sizes = capacity.decode_graph_batch_sizes(max_bs, speculative=shape is not None)
-        return capacity.captured_batch_sizes(sizes, max_running)
+        return _captured_batches(max_bs, shape is not None, max_running)
 
     # --- costs ----------------------------------------------------------------------------------------
     def forward_seconds(
@@ -407,6 +410,19 @@ class Preset:
         steps_per_token = sum(w / self.accept_length(shape, temperature, c) for c, w in mix) / total
         step = self.decode_step_seconds(shape, running, context, max_running=running, spec_v2=spec_v2)
         return running / (steps_per_token * step)
+
+
+# The server prices every iteration with these (and the truths millions of times): both depend only on
+# hashable, frozen inputs, so each is computed once.
+@functools.lru_cache(maxsize=64)
+def _always_read_params(model: ModelShape) -> int:
+    return model._always_read_params()
+
+
+@functools.lru_cache(maxsize=1024)
+def _captured_batches(max_bs: int, speculative: bool, max_running: int) -> tuple[int, ...]:
+    sizes = capacity.decode_graph_batch_sizes(max_bs, speculative=speculative)
+    return capacity.captured_batch_sizes(sizes, max_running)
 
 
 def launch_factor(seed: int | str, sigma: float) -> float:
