@@ -2,10 +2,11 @@
 
 Runs `specsweep demo`'s own sweep (examples/demo.yaml as shipped: 12 s levels, a 1 s ramp-up, the default
 category mix) on the demo's default number of simulated 8-GPU nodes, then compares every config's TTFT p99
-in each level's window (the `levels` view) with ``workers.sim.model.steady_state`` for the same config,
-concurrency, prompt length and mix. Without the ramp-up and the window, TTFT p99 at 64 streams is the
-start-up burst of 64 simultaneous prefills (676 to 692 ms for every config), not the steady tail (50 ms for
-the baseline to 434 ms for the wide tree).
+in each level's window (the `levels` view) with ``workers.sim.model.steady_state`` on the default preset for
+the same config, concurrency, prompt length, mix and launch factor. Without the ramp-up and the window,
+TTFT p99 at 64 streams is the start-up burst of 64 simultaneous prefills, not the steady tail (on the
+default preset 46 ms for the baseline to 88 ms for the wide tree; on the old linear profile the burst was
+676 to 692 ms and the tail 50 to 434 ms).
 
 The demo runs at real time, so what it measures also holds the machine's own scheduling delays: run it on a
 machine doing nothing else. Every result line says how many cores other processes used meanwhile
@@ -37,8 +38,10 @@ def run_demo(out: Path) -> list[tuple[str, int, float, float]]:
     from harness.driver import run_sweep
     from harness.plan import plan_with_local_configs
     from harness.progress import LogProgress
+    from tests.sim_truth import job_launch_factors
     from workers.sglang import SpecParams
-    from workers.sim.model import DEFAULT_MIX, DEFAULT_PROFILE, Load, steady_state
+    from workers.sim.model import DEFAULT_MIX, Load, steady_state
+    from workers.sim.presets import DEFAULT_PRESET
 
     prepare_output(out)
     spec, text = demo_spec(out, write_demo_inputs(out))
@@ -50,6 +53,7 @@ def run_demo(out: Path) -> list[tuple[str, int, float, float]]:
     assert summary.counts["failed"] == 0, summary
     con = connect(out)
     try:
+        factors = job_launch_factors(con)
         rows = con.sql(
             "SELECT j.config_label, l.concurrency, l.ttft_p99_ms, j.effective_speculative_algorithm, "
             "j.effective_speculative_num_steps, j.effective_speculative_eagle_topk, "
@@ -64,10 +68,11 @@ def run_demo(out: Path) -> list[tuple[str, int, float, float]]:
     found = []
     for label, concurrency, p99_ms, algo, steps, topk, draft, mrr, prompt in rows:
         truth = steady_state(
-            DEFAULT_PROFILE,
+            DEFAULT_PRESET,
             SpecParams(algo, steps, topk, draft, mrr),
             Load(concurrency, int(prompt), spec.load.workload.max_tokens, 0, mix=DEFAULT_MIX),
             ramp_up_s=ramp_up_s,
+            factor=factors[label],
         )
         found.append((label, concurrency, p99_ms, truth.ttft_p99_s * 1e3))
     return found

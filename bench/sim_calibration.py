@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from bench.common import emit
 from workers.sim.model import DraftShape
+from workers.sim.physics import Preset
 from workers.sim.presets import PRESETS
 
 THROUGHPUT_TOLERANCE = 0.10
@@ -90,8 +91,12 @@ POINTS: tuple[Point, ...] = (
 
 
 def simulate(point: Point) -> tuple[float, float | None]:
-    """(throughput, accept length) the preset gives for a point."""
-    preset = PRESETS[point.preset]
+    """(throughput, accept length) the point's preset gives for it."""
+    return simulate_with(PRESETS[point.preset], point)
+
+
+def simulate_with(preset: Preset, point: Point) -> tuple[float, float | None]:
+    """(throughput, accept length) ``preset`` gives for a point (``bench/sim_fit.py`` prices candidates)."""
     shape = DraftShape(*point.config) if point.config else None
     throughput = preset.decode_throughput(shape, point.batch, point.context)
     return throughput, (preset.accept_length(shape) if shape else None)

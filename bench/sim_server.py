@@ -24,7 +24,7 @@ import psutil
 from bench.common import REPO, emit
 from workers.node.launcher import start_sim
 from workers.sglang import api
-from workers.sim.model import DEFAULT_PROFILE, decode_step_seconds
+from workers.sim.presets import DEFAULT_PRESET
 
 TARGET = REPO / "tests" / "fixtures" / "kimi-k2"
 GOAL_CHUNKS_PER_S = 5000.0
@@ -72,9 +72,10 @@ async def _drive(url: str, clients: int, run_s: float) -> tuple[int, list[int], 
 def run_level(clients: int, requested_chunks_per_s: float) -> tuple[float, np.ndarray, float]:
     """Serve ``clients`` closed-loop streams paced at the requested rate: (achieved chunks/s, lateness
     ms of each chunk, server CPU share)."""
-    step_s = decode_step_seconds(DEFAULT_PROFILE, None, clients)
+    # the default preset's step at mid-output context, every launch at factor 1
+    step_s = DEFAULT_PRESET.decode_step_seconds(None, clients, OUTPUT_TOKENS // 2, max_running=clients)
     scale = clients / requested_chunks_per_s / step_s
-    env = {"SPECSWEEP_SIM_TIME_SCALE": f"{scale:.6f}"}
+    env = {"SPECSWEEP_SIM_TIME_SCALE": f"{scale:.6f}", "SPECSWEEP_SIM_LAUNCH_SIGMA": "0"}
     os.sched_setaffinity(0, {0})  # the server inherits core 0
     with start_sim(["--model-path", str(TARGET)], env=env) as handle:
         os.sched_setaffinity(0, {1} if os.cpu_count() and os.cpu_count() > 1 else {0})

@@ -23,7 +23,7 @@ SPEC_ARGS = chain_launch_args(
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[ServerProcess]:
-    """Default profile (acceptance varies per step) at 1/4 of real time: steps of about 4 ms."""
+    """The default preset (acceptance varies per step) at 1/4 of real time: steps of about 2-3 ms."""
     with start_sim(SPEC_ARGS, env={"SPECSWEEP_SIM_TIME_SCALE": "0.25"}) as server:
         yield server
 
@@ -168,7 +168,10 @@ def test_run_load_starts_streams_evenly_when_ramp_up_is_given(sim: ServerProcess
     """Stream g of 8 starts at g/8 of a 0.8 s ramp, across two client processes: while the ramp runs,
     k + 1 requests are in flight in its (k+1)-th eighth, never all 8 at once; the window opens at the
     ramp's end and closes when the first stream stops, and only requests sent inside it are in_window."""
-    workload = RandomIdsWorkload(input_tokens=8, output_tokens=400)  # outlasts the ramp: ~0.9 s each
+    # outlasts the ramp even alone: on the default preset 700 tokens take 0.87 s at batch 1, 1.6 s at 8
+    # (400 took 0.9 s on the old linear profile, but 0.5 s alone on the preset: a second request then
+    # started before the last stream's first)
+    workload = RandomIdsWorkload(input_tokens=8, output_tokens=700)
     level = LoadLevel(concurrency=8, duration_s=2.0, ramp_up_s=0.8, processes=2)
     result = run_load(sim.url, level, workload, calibration_streams=4)
     assert result.num_errors == 0

@@ -1,4 +1,5 @@
-"""The simulator's performance model, its ground truth, and its knobs (no server, no I/O but files)."""
+"""The simulator's performance model, its ground truth, and its knobs (no server, no I/O but files): the truths on
+the default preset (the server's own physics), the linear model's formulas on DEFAULT_PROFILE (a profile file's model)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 import pytest
 
-from workers.sglang import SpecParams
+from workers.sglang import SpecParams, capacity
 from workers.sim.model import (
     DEFAULT_MIX,
     DEFAULT_PROFILE,
@@ -22,10 +23,10 @@ from workers.sim.model import (
     depth_candidates,
     expected_accept_length,
     ground_truth,
-    prefill_seconds,
     sample_accepted_drafts,
     steady_state,
 )
+from workers.sim.presets import DEFAULT_PRESET
 from workers.sim.settings import FaultMode, SimSettingsError, load_profile, settings_from_env
 
 
@@ -73,42 +74,68 @@ def test_decode_step_grows_with_batch_times_draft_tokens_when_speculating():
 
 def test_admissions_fill_free_slots_only_when_requests_wait():
     """A prefill admits every waiting request that fits under max_running_requests; else decode (0)."""
-    assert admissions(5, 45, 48) == 3
-    assert admissions(5, 48, 48) == 0
-    assert admissions(0, 3, 48) == 0
-    assert admissions(7, 100, None) == 7
+    assert admissions([1] * 5, [1] * 45, 48, None) == 3
+    assert admissions([1] * 5, [1] * 48, 48, None) == 0
+    assert admissions([], [1] * 3, 48, None) == 0
+    assert admissions([1] * 7, [1] * 100, None, None) == 7
+
+
+def test_admissions_stop_at_kv_tokens_when_whole_requests_do_not_fit():
+    """Admission reserves each request's whole life (prompt + output + draft slots): requests join in
+    arrival order while their tokens fit next to the running ones'; a request alone on an idle server
+    joins whatever its size. The old rule counted requests only and admitted all three below."""
+    assert admissions([400, 400, 400], [300], 48, 1000) == 1
+    assert admissions([800, 100], [300], 48, 1000) == 0  # in order: the small one waits behind the big one
+    assert admissions([5000], [], 48, 1000) == 1
+    assert admissions([600], [500], 48, 1000) == 0
+
+
+def test_ground_truth_batch_is_what_the_kv_pool_holds_when_requests_are_long():
+    """On the default preset (Kimi-K2 FP8 on H200 x8, 112,100 KV tokens a GPU) 64 streams of 2,000-token
+    prompts and 4,096-token outputs cannot all run: each holds 2,000 + 4,096 + 1 + 4 tokens for its life,
+    so 18 decode together and the rest wait. Their TPOT is a batch of 18's (9.1 ms, one step of 18 over
+    2.6 tokens a step), not 64's (18.8 ms), which admission by request count alone gave."""
+    spec = SpecParams("EAGLE3", 3, 1, 4, 64)
+    reserve = capacity.request_token_reserve(2000, 4096, 4)
+    assert DEFAULT_PRESET.kv_token_capacity() // reserve == 18
+    truth = ground_truth(DEFAULT_PRESET, spec, Load(64, 2000, 4096, 64))
+    assert truth.batch == 18
+    shape = DraftShape(3, 1, 4)
+    step_64 = DEFAULT_PRESET.decode_step_seconds(shape, 64, 4000, max_running=64)
+    assert truth.tpot_s < 0.6 * step_64 / DEFAULT_PRESET.accept_length(shape)
 
 
 def test_ground_truth_prefers_deep_chains_at_concurrency_one_and_shallow_at_high_load():
-    """The default profile has the crossover the search must find: depth wins alone, loses under load."""
+    """The default preset has the crossover the search must find: depth wins alone, loses under load
+    (Kimi-K2 physics: 5 steps best alone, 3 steps at 48; the old linear profile's were 7+ and 1-2)."""
     shapes = [BASELINE, chain(1), chain(2), chain(3), chain(5), chain(7), chain(9), chain(15)]
 
     def best(concurrency: int) -> SpecParams:
         load = Load(concurrency, input_len=256, output_len=256, num_requests=4 * concurrency)
-        return min(shapes, key=lambda spec: ground_truth(DEFAULT_PROFILE, spec, load).tpot_s)
+        return min(shapes, key=lambda spec: ground_truth(DEFAULT_PRESET, spec, load).tpot_s)
 
     alone, crowded = best(1), best(48)
-    assert alone.speculative_num_steps >= 7
-    assert crowded.speculative_num_steps is None or crowded.speculative_num_steps <= 2
+    assert alone.speculative_num_steps is not None and alone.speculative_num_steps >= 5
+    assert crowded.speculative_num_steps is not None and crowded.speculative_num_steps <= 3
     load_1 = Load(1, 256, 256, 4)
     assert (
-        ground_truth(DEFAULT_PROFILE, chain(7), load_1).tpot_s
-        < 0.4 * ground_truth(DEFAULT_PROFILE, BASELINE, load_1).tpot_s
+        ground_truth(DEFAULT_PRESET, chain(7), load_1).tpot_s
+        < 0.4 * ground_truth(DEFAULT_PRESET, BASELINE, load_1).tpot_s
     )
 
 
 def test_ground_truth_is_repeatable_and_caps_batch_when_concurrency_exceeds_max_running():
     """Same inputs, same truth; 64 clients on max_running 48 decode 48 at a time and queue the rest."""
     load = Load(64, input_len=128, output_len=64, num_requests=128)
-    first = ground_truth(DEFAULT_PROFILE, chain(3), load)
-    assert first == ground_truth(DEFAULT_PROFILE, chain(3), load)
+    first = ground_truth(DEFAULT_PRESET, chain(3), load)
+    assert first == ground_truth(DEFAULT_PRESET, chain(3), load)
     assert first.batch == 48
-    assert first.ttft_s > ground_truth(DEFAULT_PROFILE, chain(3), Load(48, 128, 64, 96)).ttft_s
+    assert first.ttft_s > ground_truth(DEFAULT_PRESET, chain(3), Load(48, 128, 64, 96)).ttft_s
 
 
 def test_ground_truth_accept_length_is_one_without_speculation():
     """The baseline verifies nothing: accept length 1, no reported speculative length."""
-    truth = ground_truth(DEFAULT_PROFILE, BASELINE, Load(4, 64, 32, 8))
+    truth = ground_truth(DEFAULT_PRESET, BASELINE, Load(4, 64, 32, 8))
     assert truth.accept_length == 1.0
     assert truth.tpot_s == pytest.approx(truth.decode_step_s, rel=0.3)
 
@@ -129,10 +156,10 @@ def test_ground_truth_accept_length_depends_on_category_when_mix_is_given():
     """Each category has its own acceptance (code > math > chat > random ids for a deep chain); a mix's
     server-wide accept length is the weight-harmonic mean of its categories' (equal output lengths)."""
     load = Load(4, 64, 64, 16, mix=DEFAULT_MIX)
-    truth = ground_truth(DEFAULT_PROFILE, chain(7), load)
+    truth = ground_truth(DEFAULT_PRESET, chain(7), load)
     by_category = dict(truth.accept_length_by_category)
     assert set(by_category) == {"code", "chat", "math"}
-    ids = ground_truth(DEFAULT_PROFILE, chain(7), Load(4, 64, 64, 16, mix=((RANDOM_IDS, 1.0),)))
+    ids = ground_truth(DEFAULT_PRESET, chain(7), Load(4, 64, 64, 16, mix=((RANDOM_IDS, 1.0),)))
     ((_, random_length),) = ids.accept_length_by_category
     assert by_category["code"] > by_category["math"] > by_category["chat"] > random_length + 1.0
     harmonic = 1.0 / (0.3 / by_category["code"] + 0.5 / by_category["chat"] + 0.2 / by_category["math"])
@@ -148,7 +175,7 @@ def test_ground_truth_winner_differs_between_random_ids_and_default_mix_when_loa
 
     def best(concurrency: int, mix: tuple[tuple[str, float], ...]) -> SpecParams:
         load = Load(concurrency, 256, 128, 4 * concurrency, mix=mix)
-        return max(configs, key=lambda spec: ground_truth(DEFAULT_PROFILE, spec, load).output_throughput)
+        return max(configs, key=lambda spec: ground_truth(DEFAULT_PRESET, spec, load).output_throughput)
 
     for concurrency in (16, 64):
         assert best(concurrency, ((RANDOM_IDS, 1.0),)) != best(concurrency, DEFAULT_MIX), concurrency
@@ -239,16 +266,19 @@ def test_settings_from_env_reads_reuse_port_switch_when_given():
 
 def test_steady_state_ttft_tail_is_a_decode_step_plus_a_prefill_when_streams_are_spread() -> None:
     """At 64 spread-out streams a replacement request waits for the decode step under way and its own
-    prefill, so the steady TTFT p99 of the baseline is one full-batch step plus a prefill of a few
-    prompts, well under the burst of 64 prompts prefilled together that a simultaneous start gives; its
-    throughput is Little's law over the steady requests."""
+    prefill, so the steady TTFT p99 of the baseline is one full-batch step (at a context between the
+    prompt's and the whole request's) plus a prefill of a few prompts, well under the burst of 64 prompts
+    prefilled together that a simultaneous start gives (on the default preset 81 ms against 46 ms, 1.75x;
+    the old linear profile's per-token prefill made it over 2x); its throughput is Little's law over the
+    steady requests."""
     spec = SpecParams(None, None, None, None, 64)
     load = Load(64, 40, 128, 64)
-    steady = steady_state(DEFAULT_PROFILE, spec, load)
-    step = decode_step_seconds(DEFAULT_PROFILE, None, 64)
-    assert step + prefill_seconds(DEFAULT_PROFILE, 40) <= steady.ttft_p99_s
-    assert steady.ttft_p99_s <= step + prefill_seconds(DEFAULT_PROFILE, 3 * 40)
-    burst = ground_truth(DEFAULT_PROFILE, spec, load)
-    assert burst.ttft_s > 2 * steady.ttft_p99_s
+    steady = steady_state(DEFAULT_PRESET, spec, load)
+    step_first = DEFAULT_PRESET.decode_step_seconds(None, 64, 40, max_running=64)
+    step_last = DEFAULT_PRESET.decode_step_seconds(None, 64, 40 + 128, max_running=64)
+    assert step_first + DEFAULT_PRESET.prefill_seconds(40) <= steady.ttft_p99_s
+    assert steady.ttft_p99_s <= step_last + DEFAULT_PRESET.prefill_seconds(3 * 40)
+    burst = ground_truth(DEFAULT_PRESET, spec, load)
+    assert burst.ttft_s > 1.5 * steady.ttft_p99_s
     assert steady.requests >= 1500
     assert steady.output_throughput == pytest.approx(64 * 128 / (steady.ttft_mean_s + 127 * steady.tpot_s))

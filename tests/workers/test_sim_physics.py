@@ -18,7 +18,7 @@ from workers.node.launcher import start_sim
 from workers.sglang import capacity
 from workers.sim.model import DraftShape
 from workers.sim.physics import Acceptance, Gpu, ModelShape, Preset, launch_factor
-from workers.sim.presets import PRESETS
+from workers.sim.presets import DEFAULT_PRESET, PRESETS
 from workers.sim.settings import SimSettingsError, settings_from_env
 
 TOY_GPU = Gpu("toy", peak_flops=800 * 4, hbm_bytes_per_s=800, memory_bytes=10_000)
@@ -169,8 +169,8 @@ def test_settings_from_env_rejects_preset_when_name_is_unknown():
 def test_server_runs_preset_when_sim_preset_is_set(tmp_path: Path, kimi_target: Path, eagle3_draft: Path):
     """A server started with SPECSWEEP_SIM_PRESET reports it in /server_info and serves with the
     preset's acceptance: a 3-step chain on the Qwen3-235B preset accepts about 1.9 tokens per step (the
-    default profile's chat category, 0.84 at the first depth, would give about 3.4); the draws are seeded,
-    so one request of 64 tokens lands between 1.3 and 2.6."""
+    default Kimi-K2 preset's chat vector would give 2.6, the old linear profile about 3.4); the draws are
+    seeded, so one request of 64 tokens lands between 1.3 and 2.5."""
     import urllib.request
 
     args = ["--model-path", str(kimi_target), "--tp-size", "8", "--speculative-algorithm", "EAGLE3"]
@@ -187,7 +187,39 @@ def test_server_runs_preset_when_sim_preset_is_set(tmp_path: Path, kimi_target: 
         with urllib.request.urlopen(request, timeout=30) as reply:
             meta = json.loads(reply.read())["meta_info"]
         assert meta["completion_tokens"] == 64
-        assert 1.3 < meta["spec_accept_length"] < 2.6
+        assert 1.3 < meta["spec_accept_length"] < 2.5
+
+
+def _launch_factor(args: list[str]) -> tuple[str, float, float]:
+    """One simulated launch's tag (the launcher's per-launch --weight-version) and /server_info's launch
+    factor, read before and after it served a request (two levels' worth of the launch's life)."""
+    import urllib.request
+
+    with start_sim(args, env={"SPECSWEEP_SIM_TIME_SCALE": "0.01"}) as server:
+        infos = []
+        for _ in range(2):
+            with urllib.request.urlopen(f"{server.url}/server_info", timeout=10) as reply:
+                infos.append(json.loads(reply.read()))
+            body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}})
+            request = urllib.request.Request(
+                f"{server.url}/generate", data=body.encode(), headers={"Content-Type": "application/json"}
+            )
+            urllib.request.urlopen(request, timeout=30).close()
+    assert infos[0]["weight_version"] == server.launch_tag
+    return server.launch_tag, infos[0]["simulator"]["launch_factor"], infos[1]["simulator"]["launch_factor"]
+
+
+def test_launch_factor_differs_between_launches_when_tags_differ(kimi_target: Path):
+    """The default preset's launch factor is keyed by the seed and the launch's --weight-version tag (the
+    launcher's per-launch nonce): two launches of one config get different factors, each the preset's
+    launch_factor("<seed>:<tag>"), and a launch keeps its factor for its whole life (every level). Before,
+    the factor came from the seed alone, so every launch of a config ran at the same speed."""
+    args = ["--model-path", str(kimi_target), "--tp-size", "8"]
+    (tag_a, a_before, a_after), (tag_b, b_before, b_after) = _launch_factor(args), _launch_factor(args)
+    assert a_before == a_after == DEFAULT_PRESET.launch_factor(f"0:{tag_a}")
+    assert b_before == b_after == DEFAULT_PRESET.launch_factor(f"0:{tag_b}")
+    assert tag_a != tag_b and a_before != b_before
+    assert DEFAULT_PRESET.launch_sigma >= 0.015
 
 
 def test_presets_cover_four_targets_when_listed():
@@ -235,3 +267,14 @@ def test_decode_graph_batch_sizes_equal_sglangs_when_generated_for_each_max_bs(s
         for speculative in (False, True):
             mine = list(capacity.decode_graph_batch_sizes(max_bs, speculative=speculative))
             assert mine == theirs[f"{max_bs}:{speculative}"], (max_bs, speculative)
+
+
+def test_settings_launch_sigma_overrides_preset_when_set():
+    """SPECSWEEP_SIM_LAUNCH_SIGMA replaces the preset's launch-to-launch sigma (0: every launch at factor 1);
+    unset, the default preset varies launches."""
+    assert settings_from_env({}).costs.launch_factor("0:specsweep-aaaa") != 1.0
+    assert (
+        settings_from_env({"SPECSWEEP_SIM_LAUNCH_SIGMA": "0"}).costs.launch_factor("0:specsweep-aaaa") == 1.0
+    )
+    with pytest.raises(SimSettingsError, match="SPECSWEEP_SIM_LAUNCH_SIGMA"):
+        settings_from_env({"SPECSWEEP_SIM_LAUNCH_SIGMA": "fast"})

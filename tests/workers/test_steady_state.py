@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.sim_truth import server_launch_factor
 from workers.job import LoadLevel
 from workers.load.generator import LoadResult, run_load
 from workers.load.workloads import RandomIdsWorkload
 from workers.node.launcher import ServerProcess, start_sim
 from workers.sglang import SpecParams
-from workers.sim.model import DEFAULT_PROFILE, RANDOM_IDS, Load, steady_state
+from workers.sim.model import RANDOM_IDS, Load, steady_state
+from workers.sim.presets import DEFAULT_PRESET
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CONCURRENCY = 64
@@ -33,8 +35,8 @@ SCALE = 3.0
 
 @pytest.fixture(scope="module")
 def baseline_sim() -> Iterator[ServerProcess]:
-    """The baseline (no drafter): its decode step at 64 requests is 40 ms (simulated), and 64 prompts
-    prefilled together take about as long as three such steps."""
+    """The baseline (no drafter) on the default preset: its decode step at 64 requests is 33 ms
+    (simulated), and 64 prompts prefilled together take about 81 ms, as long as two and a half steps."""
     args = ["--model-path", str(FIXTURES / "kimi-k25"), "--max-running-requests", str(CONCURRENCY)]
     env = {"SPECSWEEP_SIM_SEED": "3", "SPECSWEEP_SIM_TIME_SCALE": str(SCALE)}
     with start_sim(args, env=env) as server:
@@ -42,7 +44,7 @@ def baseline_sim() -> Iterator[ServerProcess]:
 
 
 def _run(sim: ServerProcess, ramp_up_s: float) -> LoadResult:
-    # 9 simulated seconds: a request takes 2.6, so the window holds about 160 requests and its p99 is the
+    # 9 simulated seconds: a request takes 2.2, so the window holds about 160 requests and its p99 is the
     # second or third largest TTFT, not the largest (one scheduling hiccup of the box is not the tail)
     level = LoadLevel(
         concurrency=CONCURRENCY,
@@ -66,10 +68,12 @@ def test_ttft_p99_at_64_is_steady_state_truth_only_with_ramp_up_and_window(
     baseline_sim: ServerProcess,
 ) -> None:
     """With a 1 s ramp-up (simulated), TTFT p99 over the window's requests is within 25% of the simulator's
-    steady-state truth; with all 64 streams starting at once, TTFT p99 over the level is far above it."""
+    steady-state truth at the launch's factor (54 ms at factor 1); with all 64 streams starting at once,
+    TTFT p99 over the level is far above it."""
     spec = SpecParams(None, None, None, None, CONCURRENCY)
     load = Load(CONCURRENCY, PROMPT, OUTPUT, 0, mix=((RANDOM_IDS, 1.0),))
-    truth_ms = 1e3 * steady_state(DEFAULT_PROFILE, spec, load, ramp_up_s=1.0).ttft_p99_s
+    factor = server_launch_factor(baseline_sim.url)
+    truth_ms = 1e3 * steady_state(DEFAULT_PRESET, spec, load, ramp_up_s=1.0, factor=factor).ttft_p99_s
     ramped = _run(baseline_sim, ramp_up_s=1.0)
     assert ramped.num_errors == 0 and ramped.window_start_s == SCALE
     assert _ttft_p99_ms(ramped, window=True) == pytest.approx(truth_ms, rel=TOLERANCE)

@@ -20,7 +20,8 @@ from workers.load.generator import run_load
 from workers.load.workloads import Columns, PromptSetWorkload, RandomIdsWorkload, request_stream
 from workers.node.launcher import start_sim
 from workers.sglang import SpecParams, api
-from workers.sim.model import DEFAULT_PROFILE, Load, ground_truth
+from workers.sim.model import Load, ground_truth
+from workers.sim.presets import DEFAULT_PRESET
 
 ROWS = [
     {"question": f"Write a python function number {i}", "task": "code", "budget": 50} for i in range(4)
@@ -201,7 +202,7 @@ def test_run_load_measures_each_categorys_accept_length_when_prompt_set_is_mixed
         assert len(mine) > 80, category
         measured = sum(r.completion_tokens or 0 for r in mine) / sum(r.spec_verify_ct or 0 for r in mine)
         load = Load(16, 16, 96, 64, mix=((category, 1.0),))
-        truth = ground_truth(DEFAULT_PROFILE, spec, load).reported_accept_length
+        truth = ground_truth(DEFAULT_PRESET, spec, load).reported_accept_length  # acceptance: no factor
         assert measured == pytest.approx(truth, rel=0.03), category
 
 

@@ -70,3 +70,18 @@ def kv_running_request_cap(token_capacity: int, context_len: int, requested: int
         return max(1, min(requested, token_capacity // 2))
     estimated = max(min(int(token_capacity / context_len * 512), 4096), 2048)
     return min(estimated, token_capacity // 2)
+
+
+# ``managers/schedule_policy.py``: ``CLIP_MAX_NEW_TOKENS`` (``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096)
+# bounds what admission reserves for a request's output; ``PrefillAdder.per_req_token_overhead`` is one
+# page (``--page-size``, default 1) per request for allocation rounding.
+CLIP_MAX_NEW_TOKENS = 4096
+PAGE_SIZE = 1
+
+
+def request_token_reserve(prompt_tokens: int, max_new_tokens: int, draft_tokens: int) -> int:
+    """KV tokens admission holds for one request for its whole life (``PrefillAdder.add_one_req`` /
+    ``add_one_req_ignore_eos`` with ``new_token_ratio`` 1, what an ``ignore_eos`` request gets): its prompt,
+    its output up to the clip, a page of rounding, and the ``draft_tokens`` slots each verify step
+    allocates for the draft tree (0 without speculation)."""
+    return prompt_tokens + min(max_new_tokens, CLIP_MAX_NEW_TOKENS) + PAGE_SIZE + draft_tokens

@@ -22,21 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.sglang import capacity
 from workers.sim.adaptive import AdaptiveSchedule
 from workers.sim.algorithms import Drafting, ngram_depth_probs
 from workers.sim.faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line, lossy_from
 from workers.sim.model import (
+    CostModel,
     DraftShape,
     SimProfile,
     admissions,
     cross_node_seconds,
-    decode_step_seconds,
-    depth_accept_probs,
-    prefill_seconds,
     sample_accepted_drafts,
 )
-from workers.sim.physics import launch_factor
-from workers.sim.presets import PRESETS
 from workers.sim.settings import FaultMode, SimSettings
 
 logger = logging.getLogger(__name__)
@@ -160,16 +157,17 @@ class SimEngine:
         adaptive: AdaptiveSchedule | None = None,
         nnodes: int = 1,
         drafting: Drafting | None = None,
+        launch: str = "",
     ) -> None:
         self.settings = settings
         self.nnodes = nnodes  # nodes the server's tensor parallelism spans (model.cross_node_seconds)
-        self.profile: SimProfile = settings.profile
-        # A physics preset (SPECSWEEP_SIM_PRESET) replaces the profile's costs and acceptance; its launch
-        # factor scales every iteration of this launch alike.
-        self.physics = PRESETS[settings.preset] if settings.preset else None
-        self.launch_factor = launch_factor(settings.seed, self.physics.launch_sigma) if self.physics else 1.0
-        if self.physics is not None:
-            max_running_requests = self.physics.running_cap(shape, max_running_requests)
+        self.profile: SimProfile = settings.profile  # content categories and natural output lengths
+        self.costs: CostModel = settings.costs
+        # One factor on every iteration of this launch, keyed by the seed and the launch's own tag (the
+        # launcher's per-launch --weight-version): another launch of the same config draws another.
+        self.launch_factor = self.costs.launch_factor(f"{settings.seed}:{launch}")
+        max_running_requests = self.costs.running_cap(shape, max_running_requests)
+        self.token_budget = self.costs.kv_token_capacity()  # KV tokens whole requests are admitted against
         self.shape = shape  # the launch's shape; an adaptive server drafts a prefix of its chain per batch
         self.adaptive = adaptive
         self.max_running = max_running_requests
@@ -297,7 +295,12 @@ class SimEngine:
                 self._work.clear()
                 await self._work.wait()
                 deadline = max(deadline, time.perf_counter_ns())
-            admitted_count = admissions(len(self.waiting), len(self.running), self.max_running)
+            admitted_count = admissions(
+                [self._reserve(r) for r in self.waiting],
+                [self._reserve(r) for r in self.running],
+                self.max_running,
+                self.token_budget,
+            )
             if admitted_count:
                 admitted = [self.waiting.popleft() for _ in range(admitted_count)]
                 tokens = sum(r.prompt_tokens for r in admitted)
@@ -317,22 +320,30 @@ class SimEngine:
                 await timer.sleep_until(deadline)
                 await self._finish_decode(deadline, shape)
 
+    def _reserve(self, request: SimRequest) -> int:
+        """The KV tokens admission holds for ``request`` for its whole life (SGLang's PrefillAdder)."""
+        drafts = self.shape.num_draft_tokens if self.shape is not None else 0
+        return capacity.request_token_reserve(request.prompt_tokens, request.max_new_tokens, drafts)
+
     def _prefill_seconds(self, tokens: int) -> float:
-        if self.physics is None:
-            return prefill_seconds(self.profile, tokens)
-        return self.physics.prefill_seconds(tokens) * self.launch_factor
+        return self.costs.prefill_seconds(tokens, factor=self.launch_factor)
 
     def _decode_seconds(self, shape: DraftShape | None) -> float:
-        """One decode iteration over the running batch (physics: at the batch's mean context)."""
+        """One decode iteration over the running batch, at the batch's mean context."""
         batch = len(self.running)
         drafting = self.drafting if shape is not None else None
         lookup = drafting.lookup_seconds(batch) if drafting is not None else 0.0
-        if self.physics is None:
-            scale = drafting.draft_cost_scale if drafting is not None else 1.0
-            return decode_step_seconds(self.profile, shape, batch, draft_scale=scale) + lookup
+        scale = drafting.draft_cost_scale if drafting is not None else 1.0
         context = sum(r.prompt_tokens + len(r.output_ids) for r in self.running) // max(batch, 1)
-        step = self.physics.decode_step_seconds(shape, batch, context, max_running=self.max_running or batch)
-        return step * self.launch_factor + lookup
+        step = self.costs.decode_step_seconds(
+            shape,
+            batch,
+            context,
+            max_running=self.max_running or batch,
+            factor=self.launch_factor,
+            draft_scale=scale,
+        )
+        return step + lookup * self.launch_factor
 
     def _decode_shape(self, batch: int) -> DraftShape | None:
         """The shape this decode iteration drafts: the launch's, or the adaptive slot's depth as a topk-1
@@ -443,10 +454,8 @@ class SimEngine:
                 probs = ngram_depth_probs(
                     repetition, self.shape.num_draft_tokens, self.shape.topk, self.profile.topk_gain
                 )
-            elif self.physics is not None:
-                probs = self.physics.depth_accept_probs(self.shape, temperature, category)
             else:
-                probs = depth_accept_probs(self.profile, self.shape, temperature, category)
+                probs = self.costs.depth_accept_probs(self.shape, temperature, category)
             if drafting is not None:
                 probs = drafting.depth_probs(probs)
             if self.drafts_always_rejected:

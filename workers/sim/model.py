@@ -37,16 +37,63 @@ import bisect
 import math
 import random
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from statistics import mean
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workers.sglang import capacity
 from workers.sglang.rules import SpecParams
 
 RANDOM_IDS = "random_ids"  # the category of a prompt given as token ids
+DEFAULT_CATEGORY = "chat"  # the category of a text prompt no marker matches (the default profile's)
+
+
+class CostModel(Protocol):
+    """What the simulated server and every offline truth price a launch with, so a truth runs the same
+    physics as the server: ``workers.sim.physics.Preset`` (the default, ``presets.DEFAULT_PRESET``) or a
+    profile file's linear ``SimProfile``. Times are seconds at time scale 1; ``factor`` is the launch's."""
+
+    @property
+    def name(self) -> str: ...
+
+    def decode_step_seconds(
+        self,
+        shape: DraftShape | None,
+        batch: int,
+        context: int,
+        *,
+        max_running: int,
+        spec_v2: bool = False,
+        factor: float = 1.0,
+        draft_scale: float = 1.0,
+    ) -> float:
+        """One decode iteration of ``batch`` running requests of ``context`` KV tokens on average;
+        ``draft_scale``: the draft forwards' cost over the launch's one-layer drafter (0: no draft model,
+        ``workers.sim.algorithms.Drafting``)."""
+        ...
+
+    def prefill_seconds(self, prompt_tokens: int, *, factor: float = 1.0) -> float:
+        """One prefill iteration over ``prompt_tokens`` tokens (every request admitted together)."""
+        ...
+
+    def depth_accept_probs(self, shape: DraftShape, temperature: float, category: str) -> tuple[float, ...]:
+        """Chance each depth of the draft tree is accepted given the one before was."""
+        ...
+
+    def running_cap(self, shape: DraftShape | None, requested: int | None) -> int | None:
+        """Requests that may decode together (None: no cap)."""
+        ...
+
+    def kv_token_capacity(self) -> int | None:
+        """KV tokens whole requests are admitted against (None: no limit)."""
+        ...
+
+    def launch_factor(self, launch: str) -> float:
+        """The factor on every cost of the launch keyed ``launch`` (1: no launch-to-launch variation)."""
+        ...
 
 
 class ContentAcceptance(BaseModel):
@@ -136,6 +183,38 @@ class SimProfile(BaseModel):
     def category_names(self) -> tuple[str, ...]:
         """Every category this profile can assign."""
         return (self.default_category, *(c.name for c in self.categories), RANDOM_IDS)
+
+    # --- CostModel: a profile file's linear costs (module docstring), when no preset is set -------------
+    def decode_step_seconds(
+        self,
+        shape: DraftShape | None,
+        batch: int,
+        context: int,
+        *,
+        max_running: int,
+        spec_v2: bool = False,
+        factor: float = 1.0,
+        draft_scale: float = 1.0,
+    ) -> float:
+        """Linear in the batch; context, graphs and the overlap scheduler are not in this model."""
+        return factor * decode_step_seconds(self, shape, batch, draft_scale=draft_scale)
+
+    def prefill_seconds(self, prompt_tokens: int, *, factor: float = 1.0) -> float:
+        return factor * prefill_seconds(self, prompt_tokens)
+
+    def depth_accept_probs(self, shape: DraftShape, temperature: float, category: str) -> tuple[float, ...]:
+        return depth_accept_probs(self, shape, temperature, category)
+
+    def running_cap(self, shape: DraftShape | None, requested: int | None) -> int | None:
+        """Only what the launch asks for: a profile has no memory."""
+        return requested
+
+    def kv_token_capacity(self) -> int | None:
+        return None
+
+    def launch_factor(self, launch: str) -> float:
+        """A profile file is a deterministic model: every launch runs it alike."""
+        return 1.0
 
 
 def content_category(profile: SimProfile, prompt: Any) -> str:
@@ -331,10 +410,31 @@ def prefill_seconds(profile: SimProfile, prompt_tokens: int) -> float:
     return profile.prefill_fixed_s + profile.prefill_per_token_s * prompt_tokens
 
 
-def admissions(waiting: int, running: int, max_running: int | None) -> int:
-    """Requests a scheduler iteration admits (one prefill for all of them); 0 means run a decode step."""
-    room = waiting if max_running is None else max_running - running
-    return max(0, min(room, waiting))
+def admissions(
+    waiting: Sequence[int], running: Sequence[int], max_running: int | None, token_budget: int | None
+) -> int:
+    """Requests a scheduler iteration admits (one prefill for all of them), in arrival order; 0 means run a
+    decode step. ``waiting`` and ``running`` are each request's whole-life KV tokens
+    (``capacity.request_token_reserve``): a request joins while the running count stays within
+    ``max_running`` and every admitted request's tokens fit in ``token_budget`` (None: no limit) next to
+    the running ones', as SGLang's ``PrefillAdder`` decides. A request alone on an idle server is admitted
+    whatever its size (SGLang refuses one longer than the context before it is queued)."""
+    room = len(waiting) if max_running is None else max_running - len(running)
+    used = sum(running)
+    admitted = 0
+    for need in waiting[: max(0, room)]:
+        if token_budget is not None and used + need > token_budget and (running or admitted):
+            break
+        used += need
+        admitted += 1
+    return admitted
+
+
+def _reserve(shape: DraftShape | None, prompt_tokens: int, max_new_tokens: int) -> int:
+    """One request's whole-life KV tokens under ``shape``."""
+    return capacity.request_token_reserve(
+        prompt_tokens, max_new_tokens, shape.num_draft_tokens if shape is not None else 0
+    )
 
 
 @dataclass(slots=True)
@@ -348,41 +448,102 @@ class _Flight:
     verify_steps: int = 0
 
 
-def ground_truth(profile: SimProfile, spec: SpecParams, load: Load, *, seed: int = 0) -> GroundTruth:
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """One launch of a config as the truths run it: its costs, shape, acceptance per category and caps."""
+
+    costs: CostModel
+    shape: DraftShape | None
+    probs: Mapping[str, tuple[float, ...]]
+    mix: tuple[tuple[str, float], ...]
+    max_running: int | None  # the running-request cap (the engine's)
+    token_budget: int | None  # the KV tokens whole requests are admitted against
+    factor: float  # the launch's factor on every cost
+    # Step and prefill seconds already priced, by (batch, context) and by tokens: a run revisits the same
+    # few hundred, and the physics is pure, so each is priced once.
+    _steps: dict[tuple[int, int], float] = field(default_factory=dict)
+    _prefills: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, costs: CostModel, spec: SpecParams, load: Load, factor: float) -> _Launch:
+        shape = DraftShape.from_spec(spec)
+        mix = load.mix or ((DEFAULT_CATEGORY, 1.0),)
+        probs = {
+            name: costs.depth_accept_probs(shape, load.temperature, name) if shape is not None else ()
+            for name, _ in mix
+        }
+        return cls(
+            costs,
+            shape,
+            probs,
+            mix,
+            costs.running_cap(shape, spec.max_running_requests),
+            costs.kv_token_capacity(),
+            factor,
+        )
+
+    def batch(self, load: Load) -> int:
+        """Requests decoding together at most: the streams, within the cap and the KV pool."""
+        batch = min(load.concurrency, self.max_running or load.concurrency)
+        if self.token_budget is not None:
+            batch = min(batch, self.token_budget // _reserve(self.shape, load.input_len, load.output_len))
+        return max(1, batch)
+
+    def decode_step_s(self, batch: int, context: int) -> float:
+        step = self._steps.get((batch, context))
+        if step is None:
+            step = self._steps[batch, context] = self.costs.decode_step_seconds(
+                self.shape, batch, context, max_running=self.max_running or batch, factor=self.factor
+            )
+        return step
+
+    def prefill_s(self, tokens: int) -> float:
+        seconds = self._prefills.get(tokens)
+        if seconds is None:
+            seconds = self._prefills[tokens] = self.costs.prefill_seconds(tokens, factor=self.factor)
+        return seconds
+
+    def accept_lengths(self) -> tuple[tuple[str, float], ...]:
+        """Each category's expected tokens per verify step."""
+        return tuple(
+            (name, expected_accept_length(p) if self.shape is not None else 1.0)
+            for name, p in self.probs.items()
+        )
+
+
+def ground_truth(
+    costs: CostModel, spec: SpecParams, load: Load, *, seed: int = 0, factor: float = 1.0
+) -> GroundTruth:
     """What the server delivers for an effective config under a load: the true value the search seeks.
 
-    Runs the simulated server's own scheduling (``admissions``, the step costs, the acceptance draws) as
-    a discrete-event simulation of the load, with clients that answer instantly: a replacement request
-    reaches the scheduler just after the iteration that finished its predecessor has begun. Seeded, so
-    repeatable; the run is repeated until it holds >= 20,000 verify steps, which keeps the sampling
-    noise of the means well under 1%.
+    Runs the simulated server's own scheduling (``admissions``, the step costs at the running batch's mean
+    context, the acceptance draws) as a discrete-event simulation of the load, with clients that answer
+    instantly: a replacement request reaches the scheduler just after the iteration that finished its
+    predecessor has begun. ``factor`` is the launch's (``CostModel.launch_factor``; /server_info's
+    ``simulator.launch_factor``). Seeded, so repeatable; the run is repeated until it holds >= 20,000
+    verify steps, which keeps the sampling noise of the means well under 1%. ``decode_step_s`` is one step
+    of the full batch at mid-run context (prompt + half the output).
     """
-    shape = DraftShape.from_spec(spec)
-    mix = load.mix or ((profile.default_category, 1.0),)
-    probs = {
-        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
-        for name, _ in mix
-    }
-    batch = max(1, min(load.concurrency, spec.max_running_requests or load.concurrency))
+    launch = _Launch.of(costs, spec, load, factor)
+    shape = launch.shape
+    batch = launch.batch(load)
     rng = random.Random(seed)
     finished: list[tuple[_Flight, float]] = []
     wall = 0.0
     while True:
-        finished += _closed_loop_run(profile, shape, probs, mix, spec.max_running_requests, load, rng)
+        finished += _closed_loop_run(launch, load, rng)
         wall += max(end for _, end in finished[-load.num_requests :])
         if sum(f.verify_steps for f, _ in finished) >= 20_000 or shape is None:
             break
     decode_tokens = load.output_len - 1
     verify_ct = sum(f.verify_steps for f, _ in finished)
-    by_category = tuple(
-        (name, expected_accept_length(p) if shape is not None else 1.0) for name, p in probs.items()
-    )
+    by_category = launch.accept_lengths()
     return GroundTruth(
-        accept_length=mix_accept_length(by_category, mix),
+        accept_length=mix_accept_length(by_category, launch.mix),
         reported_accept_length=mean(load.output_len / f.verify_steps for f, _ in finished if f.verify_steps)
         if verify_ct
         else math.nan,
-        decode_step_s=decode_step_seconds(profile, shape, batch),
+        decode_step_s=launch.decode_step_s(batch, load.input_len + load.output_len // 2),
         batch=batch,
         tpot_s=mean((end - f.first_token) / decode_tokens for f, end in finished)
         if decode_tokens
@@ -409,7 +570,7 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def open_loop_tpot_quantiles(
-    profile: SimProfile,
+    costs: CostModel,
     spec: SpecParams,
     rate_rps: float,
     load: Load,
@@ -417,17 +578,13 @@ def open_loop_tpot_quantiles(
     runs: int,
     burstiness: float = 1.0,
     seed: int = 0,
+    factor: float = 1.0,
 ) -> tuple[float, ...]:
     """Per-request TPOT at QUANTILES (simulated seconds) of an open loop: ``load.num_requests`` requests
     arriving on an idle server at ``rate_rps`` with gamma gaps of shape ``burstiness`` (1: Poisson), as
     one open-loop level sends them (``load.concurrency`` is unused); the requests of ``runs`` seeded
-    runs are pooled."""
-    shape = DraftShape.from_spec(spec)
-    mix = load.mix or ((profile.default_category, 1.0),)
-    probs = {
-        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
-        for name, _ in mix
-    }
+    runs are pooled; ``factor`` is the launch's."""
+    launch = _Launch.of(costs, spec, load, factor)
     rng = random.Random(seed)
     tpots: list[float] = []
     for _ in range(runs):
@@ -435,9 +592,7 @@ def open_loop_tpot_quantiles(
         for _ in range(load.num_requests):  # the first request after one gap, as the load generator
             at += rng.gammavariate(burstiness, 1.0 / (rate_rps * burstiness))
             schedule.append(at)
-        finished = _closed_loop_run(
-            profile, shape, probs, mix, spec.max_running_requests, load, rng, schedule
-        )
+        finished = _closed_loop_run(launch, load, rng, schedule)
         tpots += [(end - f.first_token) / (load.output_len - 1) for f, end in finished]
     return tuple(quantile(tpots, q) for q in QUANTILES)
 
@@ -458,43 +613,38 @@ STEADY_REQUESTS = 2000  # about the steady requests a steady-state run holds (sa
 
 
 def steady_state(
-    profile: SimProfile, spec: SpecParams, load: Load, *, ramp_up_s: float | None = None, seed: int = 0
+    costs: CostModel,
+    spec: SpecParams,
+    load: Load,
+    *,
+    ramp_up_s: float | None = None,
+    seed: int = 0,
+    factor: float = 1.0,
 ) -> SteadyState:
     """What a closed loop of ``load.concurrency`` streams sees once it is steady: the streams' first
     requests arrive evenly spread over ``ramp_up_s`` (None: over one request's latency), as the load
     generator's ramp-up starts them, so no burst of simultaneous prefills recurs (without acceptance
     noise, as for the baseline, the phases a ramp leaves persist, and with them how many requests share
     a prefill), then each stream sends its next request as soon as one finishes
-    (``ground_truth``'s clients). ``load.num_requests`` is ignored: the run lasts about as many request
+    (``ground_truth``'s clients); ``factor`` is the launch's. ``load.num_requests`` is ignored: the run lasts about as many request
     latencies as ``STEADY_REQUESTS`` need (at least 12), and the statistics are over the requests that
     arrive after the first two and before the last two. A replacement request lands just after the
     iteration that finished its predecessor has begun, so its TTFT is a whole decode step plus its
     prefill: the steady-state tail. The ramp must be shorter than a request (no request ends before the
     last stream starts).
     """
-    shape = DraftShape.from_spec(spec)
-    mix = load.mix or ((profile.default_category, 1.0),)
-    probs = {
-        name: depth_accept_probs(profile, shape, load.temperature, name) if shape is not None else ()
-        for name, _ in mix
-    }
-    batch = max(1, min(load.concurrency, spec.max_running_requests or load.concurrency))
-    accept = mix_accept_length(
-        tuple((n, expected_accept_length(p) if p else 1.0) for n, p in probs.items()), mix
-    )
-    cycle = (
-        prefill_seconds(profile, load.input_len)
-        + decode_step_seconds(profile, shape, batch) * (load.output_len - 1) / accept
-    )
+    launch = _Launch.of(costs, spec, load, factor)
+    mix = launch.mix
+    accept = mix_accept_length(launch.accept_lengths(), mix)
+    step = launch.decode_step_s(launch.batch(load), load.input_len + load.output_len // 2)
+    cycle = launch.prefill_s(load.input_len) + step * (load.output_len - 1) / accept
     spread = cycle if ramp_up_s is None else ramp_up_s
     starts = [i * spread / load.concurrency for i in range(load.concurrency)]
     cycles = max(12, math.ceil(STEADY_REQUESTS / load.concurrency) + 4)
     run = Load(
         load.concurrency, load.input_len, load.output_len, load.concurrency * cycles, load.temperature, mix
     )
-    done = _closed_loop_run(
-        profile, shape, probs, mix, spec.max_running_requests, run, random.Random(seed), starts
-    )
+    done = _closed_loop_run(launch, run, random.Random(seed), starts)
     steady = [(f, end) for f, end in done if 2 * cycle <= f.arrival <= (cycles - 2) * cycle]
     ttfts = [f.first_token - f.arrival for f, _ in steady]
     latency = mean(end - f.arrival for f, end in steady)
@@ -526,18 +676,14 @@ def draw_category(mix: tuple[tuple[str, float], ...], rng: random.Random) -> str
 
 
 def _closed_loop_run(
-    profile: SimProfile,
-    shape: DraftShape | None,
-    probs: Mapping[str, tuple[float, ...]],
-    mix: tuple[tuple[str, float], ...],
-    max_running: int | None,
-    load: Load,
-    rng: random.Random,
-    schedule: list[float] | None = None,
+    launch: _Launch, load: Load, rng: random.Random, schedule: list[float] | None = None
 ) -> list[tuple[_Flight, float]]:
     """One run of ``load``: (request, finish time) for every request. With ``schedule`` (sorted arrival
     times) the first requests arrive then instead of all at 0: ``load.num_requests`` of them make an open
-    loop (nothing is sent when a request finishes), one per stream a closed loop that ramps up."""
+    loop (nothing is sent when a request finishes), one per stream a closed loop that ramps up. Each step
+    is priced at the running requests' mean context (prompt + output so far), as the engine prices it."""
+    shape, mix, probs = launch.shape, launch.mix, launch.probs
+    reserve = _reserve(shape, load.input_len, load.output_len)
     now = 0.0
     arrivals = deque(schedule if schedule is not None else [0.0] * min(load.concurrency, load.num_requests))
     to_send = load.num_requests - len(arrivals)
@@ -549,15 +695,18 @@ def _closed_loop_run(
             now = arrivals[0]  # idle: the next arrival starts an iteration at once
         while arrivals and arrivals[0] <= now:  # arrivals stay sorted
             waiting.append(_Flight(arrivals.popleft(), probs[draw_category(mix, rng)]))
-        admitted = admissions(len(waiting), len(running), max_running)
+        admitted = admissions(
+            [reserve] * len(waiting), [reserve] * len(running), launch.max_running, launch.token_budget
+        )
         if admitted:
             batch, waiting = waiting[:admitted], waiting[admitted:]
-            now += prefill_seconds(profile, load.input_len * admitted)
+            now += launch.prefill_s(load.input_len * admitted)
             for flight in batch:
                 flight.tokens, flight.first_token = 1, now
             running += batch
         else:
-            now += decode_step_seconds(profile, shape, len(running))
+            context = sum(load.input_len + f.tokens for f in running) // len(running)
+            now += launch.decode_step_s(len(running), context)
             for flight in running:
                 flight.tokens += 1 + (sample_accepted_drafts(flight.probs, rng) if shape is not None else 0)
                 flight.verify_steps += shape is not None

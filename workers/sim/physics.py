@@ -27,6 +27,7 @@ every fitted number are in ``docs/sim_server.md``; SGLang's own defaults come fr
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Mapping
@@ -74,10 +75,19 @@ class ModelShape:
     shared_experts: int = 0
     weight_bytes: float = 2.0  # bytes per parameter (bf16 2, fp8 1)
     kv_bytes: float = 2.0  # bytes per KV element
+    # Multi-head latent attention (DeepSeek-V3, Kimi-K2): a layer caches one latent of kv_lora_rank plus the
+    # shared rope key (qk_rope_head_dim) per token, the same on every TP rank; 0: grouped-query attention.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], *, weight_bytes: float = 2.0) -> ModelShape:
-        """The shape of a Hugging Face ``config.json`` (Llama, Qwen3-MoE, GLM-4.x MoE field names)."""
+        """The shape of a Hugging Face ``config.json`` (Llama, Qwen3-MoE, GLM-4.x MoE, DeepSeek-V3 / Kimi-K2
+        MLA field names; a Kimi-K2.5 wrapper's language model is under ``text_config``)."""
+        config = config.get("text_config") or config
         hidden = int(config["hidden_size"])
         heads = int(config["num_attention_heads"])
         layers = int(config["num_hidden_layers"])
@@ -97,13 +107,41 @@ class ModelShape:
             expert_intermediate=int(config.get("moe_intermediate_size", 0)),
             shared_experts=int(config.get("n_shared_experts", 0)),
             weight_bytes=weight_bytes,
+            kv_lora_rank=int(config.get("kv_lora_rank") or 0),
+            qk_rope_head_dim=int(config.get("qk_rope_head_dim") or 0),
+            q_lora_rank=int(config.get("q_lora_rank") or 0),
+            qk_nope_head_dim=int(config.get("qk_nope_head_dim") or 0),
+            v_head_dim=int(config.get("v_head_dim") or 0),
         )
 
     @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_params(self) -> int:
-        """q, k, v and o projections of one layer."""
+        """q, k, v and o projections of one layer (MLA: the low-rank q and kv down/up projections)."""
+        if self.mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (
+                self.hidden * self.q_lora_rank + self.q_lora_rank * self.heads * qk
+                if self.q_lora_rank
+                else self.hidden * self.heads * qk
+            )
+            kv = self.hidden * (
+                self.kv_lora_rank + self.qk_rope_head_dim
+            ) + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + self.heads * self.v_head_dim * self.hidden
         q = self.heads * self.head_dim
         return 2 * self.hidden * q + 2 * self.hidden * self.kv_heads * self.head_dim
+
+    @property
+    def attention_width(self) -> int:
+        """Per head, the width a query's attention multiplies against each cached token (scores plus values);
+        MLA attends in the latent (absorbed weights): the latent and rope key for scores, the latent for values."""
+        if self.mla:
+            return (2 * self.kv_lora_rank + self.qk_rope_head_dim + 1) // 2
+        return self.head_dim
 
     @property
     def expert_params(self) -> int:
@@ -116,6 +154,9 @@ class ModelShape:
 
     def always_read_params(self) -> int:
         """Parameters every forward reads whatever its tokens: attention, dense MLPs, shared experts, lm_head."""
+        return _always_read_params(self)
+
+    def _always_read_params(self) -> int:
         return (
             self.layers * self.attention_params
             + self.dense_layers * 3 * self.hidden * self.dense_intermediate
@@ -135,7 +176,14 @@ class ModelShape:
 
     def kv_bytes_per_token(self) -> float:
         """KV cache bytes one token occupies across all layers (before tensor parallelism)."""
+        if self.mla:
+            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_bytes
         return self.layers * 2 * self.kv_heads * self.head_dim * self.kv_bytes
+
+    def kv_bytes_per_token_per_gpu(self, tp_size: int) -> float:
+        """What one GPU of a ``tp_size`` group caches per token: heads split across ranks, but an MLA latent
+        is shared by all heads, so every rank keeps all of it."""
+        return self.kv_bytes_per_token() / (1 if self.mla else tp_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +236,9 @@ class Preset:
         """KV tokens per GPU: the static memory fraction left after weights, over target + draft KV per
         token (``mem_fraction_static`` bounds weights + KV pool, as SGLang defines it)."""
         free = self.gpu.memory_bytes * self.mem_fraction_static - self.weight_bytes_per_gpu()
-        per_token = (self.target.kv_bytes_per_token() + self.draft.kv_bytes_per_token()) / self.tp_size
+        per_token = self.target.kv_bytes_per_token_per_gpu(
+            self.tp_size
+        ) + self.draft.kv_bytes_per_token_per_gpu(self.tp_size)
         return max(0, int(free / per_token))
 
     def running_cap(
@@ -206,13 +256,16 @@ class Preset:
             cap = min(cap, tokens // (tokens_per_request + reserve))
         return max(1, cap)
 
+    def launch_factor(self, launch: str) -> float:
+        """The cost factor of the launch keyed ``launch`` (see the module function)."""
+        return launch_factor(launch, self.launch_sigma)
+
     def captured_batches(self, shape: DraftShape | None, max_running: int) -> tuple[int, ...]:
         """The decode batch sizes this launch has CUDA graphs for."""
         max_bs = self.graph_max_bs or capacity.default_decode_graph_max_bs(
             self.gpu.memory_bytes // capacity.MIB, self.tp_size
         )
-        sizes = capacity.decode_graph_batch_sizes(max_bs, speculative=shape is not None)
-        return capacity.captured_batch_sizes(sizes, max_running)
+        return _captured_batches(max_bs, shape is not None, max_running)
 
     # --- costs ----------------------------------------------------------------------------------------
     def forward_seconds(
@@ -231,11 +284,11 @@ class Preset:
         routed = batch + (tokens - batch) * self.expert_novelty if tokens > batch else tokens
         moe_bytes = model.moe_layers * model.experts_touched(routed) * model.expert_params
         weight_bytes = (model.always_read_params() + moe_bytes) * model.weight_bytes
-        kv_read = batch * context * model.kv_bytes_per_token()
+        kv_read = batch * context * model.kv_bytes_per_token_per_gpu(self.tp_size)
         active = model.always_read_params() + model.moe_layers * model.experts_per_token * model.expert_params
-        attention = 4 * tokens * context * model.heads * model.head_dim * model.layers
+        attention = 4 * tokens * context * model.heads * model.attention_width * model.layers
         flops = 2 * tokens * active + attention
-        memory_s = (weight_bytes + kv_read) / self.tp_size / (self.gpu.hbm_bytes_per_s * self.mem_eff)
+        memory_s = (weight_bytes / self.tp_size + kv_read) / (self.gpu.hbm_bytes_per_s * self.mem_eff)
         compute_s = flops / self.tp_size / (self.gpu.peak_flops * self.flop_eff)
         return max(memory_s, compute_s) + fixed_s + token_s * tokens + (self.eager_s if eager else 0.0)
 
@@ -248,8 +301,10 @@ class Preset:
         max_running: int,
         spec_v2: bool = False,
         factor: float = 1.0,
+        draft_scale: float = 1.0,
     ) -> float:
-        """One decode iteration of ``batch`` running requests (padded to a captured size, or eager)."""
+        """One decode iteration of ``batch`` running requests (padded to a captured size, or eager);
+        ``draft_scale`` multiplies the draft forwards (another draft model's size; 0: no draft model)."""
         padded = capacity.padded_batch(self.captured_batches(shape, max_running), batch)
         eager = padded is None
         bs = batch if padded is None else padded
@@ -267,9 +322,10 @@ class Preset:
             )
             return total * factor
         n = shape.num_draft_tokens
+        drafting = 0.0
         for step in range(shape.num_steps):
             tokens = bs if step == 0 else bs * shape.topk
-            total += self.forward_seconds(
+            drafting += self.forward_seconds(
                 self.draft, tokens, bs, context, fixed_s=self.draft_fixed_s, eager=eager
             )
         total += self.forward_seconds(
@@ -281,17 +337,22 @@ class Preset:
             eager=eager,
             token_s=self.target_token_s,
         )
-        total += self.forward_seconds(
+        drafting += self.forward_seconds(
             self.draft, bs * n, bs, context, fixed_s=self.draft_fixed_s, eager=eager
         )
-        return total * factor
+        return (total + drafting * draft_scale) * factor
 
-    def prefill_seconds(self, prompt_tokens: int) -> float:
+    def prefill_seconds(self, prompt_tokens: int, *, factor: float = 1.0) -> float:
         """One prefill over ``prompt_tokens`` tokens (target and draft; compute-bound for long prompts)."""
         tokens = max(1, prompt_tokens)
-        return self.forward_seconds(
-            self.target, tokens, 1, tokens // 2, fixed_s=self.forward_fixed_s, eager=False
-        ) + self.forward_seconds(self.draft, tokens, 1, tokens // 2, fixed_s=self.draft_fixed_s, eager=False)
+        return factor * (
+            self.forward_seconds(
+                self.target, tokens, 1, tokens // 2, fixed_s=self.forward_fixed_s, eager=False
+            )
+            + self.forward_seconds(
+                self.draft, tokens, 1, tokens // 2, fixed_s=self.draft_fixed_s, eager=False
+            )
+        )
 
     # --- acceptance -----------------------------------------------------------------------------------
     def depth_accept_probs(self, shape: DraftShape, temperature: float, category: str) -> tuple[float, ...]:
@@ -352,6 +413,19 @@ class Preset:
         steps_per_token = sum(w / self.accept_length(shape, temperature, c) for c, w in mix) / total
         step = self.decode_step_seconds(shape, running, context, max_running=running, spec_v2=spec_v2)
         return running / (steps_per_token * step)
+
+
+# The server prices every iteration with these (and the truths millions of times): both depend only on
+# hashable, frozen inputs, so each is computed once.
+@functools.lru_cache(maxsize=64)
+def _always_read_params(model: ModelShape) -> int:
+    return model._always_read_params()
+
+
+@functools.lru_cache(maxsize=1024)
+def _captured_batches(max_bs: int, speculative: bool, max_running: int) -> tuple[int, ...]:
+    sizes = capacity.decode_graph_batch_sizes(max_bs, speculative=speculative)
+    return capacity.captured_batch_sizes(sizes, max_running)
 
 
 def launch_factor(seed: int | str, sigma: float) -> float:

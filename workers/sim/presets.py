@@ -129,6 +129,46 @@ GLM_47_MTP = ModelShape.from_config(  # the one MTP layer GLM-4.7 ships (a MoE l
 )
 
 
+# Kimi-K2-Instruct (tests/fixtures/kimi-k2/config.json; Kimi-K2.5's language model under its text_config is
+# the same): DeepSeek-V3 layout, MLA attention, 384 routed experts (8 per token) + 1 shared, first layer
+# dense, FP8 weights as the checkpoint ships them.
+KIMI_K2_FP8 = ModelShape.from_config(
+    {
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "intermediate_size": 18432,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 384,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "vocab_size": 163840,
+    },
+    weight_bytes=1.0,
+)
+KIMI_K2_EAGLE3 = (
+    ModelShape.from_config(  # tests/fixtures/eagle3-draft/config.json (a Llama-layout EAGLE3 head)
+        {
+            "hidden_size": 7168,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 18432,
+            "vocab_size": 163840,
+            "draft_vocab_size": 32000,
+        }
+    )
+)
+
+
 def _base(name: str, gpu_tp: tuple[object, int], target: ModelShape, draft: ModelShape) -> Preset:
     """A preset's fixed facts (hardware and shapes) before calibration."""
     gpu, tp = gpu_tp
@@ -212,3 +252,37 @@ FITTED: dict[str, dict[str, Any]] = {
 }
 
 PRESETS: dict[str, Preset] = {name: replace(BASES[name], **FITTED[name]) for name in BASES}
+
+# The embedded default (the demo's and the tests' server): Kimi-K2 on one H200 x8 node with its EAGLE3
+# draft. No published Kimi-K2 EAGLE3 run on SGLang gives throughput per batch size, so its costs are the
+# Qwen3-235B fit's (same GPU, TP8, a MoE target) with the per-forward fixed cost scaled by the layer count
+# (61 / 94) and the per-token cost by the hidden size (7168 / 4096, the all-reduce volume); its chat
+# vector gives 2.6 tokens per step at 3 steps / topk 1 / 4 draft tokens, inside the 2.3-3.0 published
+# for Kimi-K2.x EAGLE3 drafts at that shape (docs/sim_server.md). mem_fraction_static 0.9 as the Kimi-K2.5
+# EAGLE3 PR launched (the FP8 weights take 120 GiB of each 141 GiB GPU). Launches differ by a 1.5% factor.
+QWEN = PRESETS["qwen3-235b-a22b-tp8"]
+DEFAULT_PRESET_NAME = "kimi-k2-h200x8"
+PRESETS[DEFAULT_PRESET_NAME] = replace(
+    QWEN,
+    name=DEFAULT_PRESET_NAME,
+    target=KIMI_K2_FP8,
+    draft=KIMI_K2_EAGLE3,
+    forward_fixed_s=QWEN.forward_fixed_s * 61 / 94,
+    target_token_s=QWEN.target_token_s * 7168 / 4096,
+    acceptance={
+        **categories((0.78, 0.66, 0.6, 0.58, 0.56, 0.55, 0.54, 0.53)),
+        # Random token ids: 1.59 tokens per step at 3/1/4 against chat's 2.60 (EAGLE3 on Kimi-K3 drops from
+        # 2.99 on a real prompt to 1.94 on random chat prompts, tokenspeed#1305): low enough that the
+        # 2-token chain, not the mix's 4-token one, wins on them under load, as a stress shape should.
+        "random_ids": Acceptance((0.45, 0.25, 0.2, 0.18, 0.16, 0.15, 0.14, 0.13)),
+    },
+    mem_fraction_static=0.9,
+    context_len=262144,
+    launch_sigma=0.015,
+    sources=(
+        "https://github.com/sgl-project/sglang/pull/19689",
+        "https://github.com/lightseekorg/tokenspeed/pull/795",
+        "https://github.com/lightseekorg/tokenspeed/issues/1305",
+    ),
+)
+DEFAULT_PRESET = PRESETS[DEFAULT_PRESET_NAME]

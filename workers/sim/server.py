@@ -161,6 +161,7 @@ class SimServer:
             drafting=self.config.drafting,
             adaptive=adaptive,
             nnodes=int(self.config.resolved_args.get(multinode.NNODES) or 1),
+            launch=str(self.config.resolved_args.get(api.LAUNCH_TAG) or ""),
         )
         self._engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
 
@@ -256,6 +257,7 @@ class SimServer:
             "simulator": {
                 "profile": self.settings.profile.model_dump(),
                 "preset": self.settings.preset,
+                "launch_factor": engine.launch_factor,
                 "time_scale": self.settings.time_scale,
                 "seed": self.settings.seed,
             },

@@ -4,11 +4,16 @@ A real SGLang command line must run unchanged under ``python -m workers.sim``, s
 does not have comes from the environment:
 
 ==============================  ==========================================================================
-``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim.model.SimProfile`` fields);
-                                fields left out keep the default profile's values.
 ``SPECSWEEP_SIM_PRESET``        a ``workers.sim.presets.PRESETS`` name: the physics of a real setup (roofline,
-                                CUDA graphs, running cap, per-position acceptance) instead of the profile's
-                                costs and acceptance; the profile still picks content categories.
+                                CUDA graphs, running cap, per-position acceptance, launch factor). Default:
+                                ``presets.DEFAULT_PRESET_NAME`` (Kimi-K2 on H200 x8), unless a profile is set.
+``SPECSWEEP_SIM_PROFILE``       path to a JSON or YAML profile (``workers.sim.model.SimProfile`` fields);
+                                fields left out keep the default profile's values. Its content categories
+                                (markers) always classify prompts; without ``SPECSWEEP_SIM_PRESET`` its
+                                linear costs and geometric acceptance replace the default preset's.
+``SPECSWEEP_SIM_LAUNCH_SIGMA``  the preset's launch-to-launch variation (log-normal sigma of the per-launch
+                                cost factor) instead of its own; ``0`` makes every launch alike (a test of
+                                something other than launch noise). Default: the preset's.
 ``SPECSWEEP_SIM_TIME_SCALE``    real seconds per simulated second (``0.1`` runs 10x faster). Default 1.
 ``SPECSWEEP_SIM_SEED``          base seed of the per-request acceptance draws. Default 0.
 ``SPECSWEEP_SIM_LOAD_DELAY_S``  real seconds of "weight loading" before the server is ready. Default 0.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -38,11 +44,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specsweep.documents import load_json, load_yaml, yaml_problem
 from specsweep.errors import SpecsweepError
-from workers.sim.model import DEFAULT_PROFILE, SimProfile
-from workers.sim.presets import PRESETS
+from workers.sim.model import DEFAULT_PROFILE, CostModel, SimProfile
+from workers.sim.presets import DEFAULT_PRESET_NAME, PRESETS
 
 ENV_PROFILE = "SPECSWEEP_SIM_PROFILE"
 ENV_PRESET = "SPECSWEEP_SIM_PRESET"
+ENV_LAUNCH_SIGMA = "SPECSWEEP_SIM_LAUNCH_SIGMA"
 ENV_TIME_SCALE = "SPECSWEEP_SIM_TIME_SCALE"
 ENV_SEED = "SPECSWEEP_SIM_SEED"
 ENV_LOAD_DELAY_S = "SPECSWEEP_SIM_LOAD_DELAY_S"
@@ -81,10 +88,17 @@ class SimSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    profile: SimProfile = Field(default=DEFAULT_PROFILE, description="Costs and acceptance model.")
+    profile: SimProfile = Field(
+        default=DEFAULT_PROFILE, description="Content categories; costs and acceptance when preset is None."
+    )
     preset: str | None = Field(
+        default=DEFAULT_PRESET_NAME,
+        description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's linear model.",
+    )
+    launch_sigma: float | None = Field(
         default=None,
-        description="Physics preset name (workers.sim.presets.PRESETS); None: the profile's model.",
+        ge=0,
+        description="The preset's launch-to-launch sigma instead of its own; None: its own.",
     )
     time_scale: float = Field(default=1.0, gt=0, description="Real seconds per simulated second.")
     seed: int = Field(default=0, description="Base seed of the per-request acceptance draws.")
@@ -99,6 +113,15 @@ class SimSettings(BaseModel):
     reuse_port: bool = Field(
         default=False, description="Bind with SO_REUSEPORT: several servers share one port (benchmarks)."
     )
+
+    @property
+    def costs(self) -> CostModel:
+        """The model the server prices iterations with: the preset (with ``launch_sigma`` if set), else the
+        profile's own."""
+        if not self.preset:
+            return self.profile
+        preset = PRESETS[self.preset]
+        return preset if self.launch_sigma is None else replace(preset, launch_sigma=self.launch_sigma)
 
 
 def load_profile(path: Path) -> SimProfile:
@@ -156,6 +179,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
     values: dict[str, object] = {}
     if env.get(ENV_PROFILE):
         values["profile"] = load_profile(Path(env[ENV_PROFILE]))
+        values["preset"] = None  # a profile file's costs, unless a preset is named too
     preset = env.get(ENV_PRESET)
     if preset:
         if preset not in PRESETS:
@@ -166,6 +190,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> SimSettings:
             )
         values["preset"] = preset
     for name, key, convert in (
+        (ENV_LAUNCH_SIGMA, "launch_sigma", float),
         (ENV_TIME_SCALE, "time_scale", float),
         (ENV_SEED, "seed", int),
         (ENV_LOAD_DELAY_S, "load_delay_s", float),
