@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from analysis.glossary import GLOSSARY
 from analysis.schema import GPU_POWER_W, GPU_SM_CLOCK_MHZ
-from analysis.select import Interval, Selection, order_levels, share_text
+from analysis.select import Interval, Selection, order_levels, share_text, tie_text
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -173,7 +173,8 @@ def _header(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         f"ranked by {html.escape(selection.objective)} ({html.escape(selection.objective_unit)}, "
         f"{selection.better} is better); SLOs: {html.escape(slos)}{html.escape(goodput)}; error rate at most "
         f"{share_text(selection.max_error_rate)}; {selection.confidence:.0%} intervals from "
-        f"{selection.replicates} bootstrap resamples of launches and requests</p>{notes}"
+        f"{selection.replicates} bootstrap resamples of requests and "
+        f"{html.escape(selection.launch_noise.text)}</p>{notes}"
     )
 
 
@@ -196,18 +197,18 @@ def _winners(selection: Selection, launches: Mapping[str, LaunchText]) -> str:
             if w.speedup is not None
             else "no baseline measured"
         )
-        ties = [r.config_label for r in level.ranked if r.tie]
-        tie_text = f"; not distinguishable from {', '.join(ties)}" if ties else ""
+        tie = tie_text(level, selection.confidence)
+        extra = f"; {tie}" if tie else ""
         if w.goodput_rps is not None:
-            tie_text = (
-                f", goodput {_fmt(w.goodput_rps)} requests/s ({_fmt(w.goodput_share)} of requests)" + tie_text
+            extra = (
+                f", goodput {_fmt(w.goodput_rps)} requests/s ({_fmt(w.goodput_share)} of requests)" + extra
             )
         parts.append(
             f"<div class='winner' data-level='{html.escape(level.load_level)}'>"
             f"<b>{html.escape(level.load_level)}</b>: "
             f"<span class='winner-label'>{html.escape(w.config_label)}</span>, "
             f"{html.escape(selection.objective)} = {_fmt(w.objective)}, {html.escape(speedup)}"
-            f"{html.escape(tie_text)}{_launch_html(launches.get(w.config_label))}</div>"
+            f"{html.escape(extra)}{_launch_html(launches.get(w.config_label))}</div>"
         )
     parts.append("</section>")
     return "".join(parts)
@@ -245,7 +246,7 @@ def _tables(selection: Selection) -> str:
             f"<th>speedup</th><th>{selection.confidence:.0%} CI</th>{head}<th>note</th></tr>"
         )
         for r in level.ranked:
-            note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
+            note = "tie" if r.tie else ("winner" if r.rank == 1 else "")
             cells = "".join(f"<td>{_fmt(r.slo_values.get(n))}</td>" for n in slo_names)
             if goodput:
                 cells += f"<td>{_fmt(r.goodput_rps)}</td><td>{_fmt(r.goodput_share)}</td>"

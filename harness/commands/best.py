@@ -511,7 +511,7 @@ def launch_lines(launch: DeployLaunch | None) -> list[str]:
 
 def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] | None = None) -> str:
     """The human-readable ranking: one block per load level, each winner with its deploy launch."""
-    from analysis.select import share_text
+    from analysis.select import share_text, tie_text
 
     slos = ", ".join(selection.slos) or "none"
     confidence = f"{selection.confidence:.0%}"
@@ -519,7 +519,8 @@ def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] 
     lines = [
         f"sweep {selection.sweep_id}: ranked by {selection.objective} ({selection.objective_unit}, "
         f"{selection.better} is better); SLOs: {slos}; error rate at most {selection.max_error_rate:.1%}; "
-        f"{confidence} intervals from {selection.replicates} bootstrap resamples of launches and requests",
+        f"{confidence} intervals from {selection.replicates} bootstrap resamples of requests and "
+        f"{selection.launch_noise.text}",
     ]
     if goodput:
         lines.append(f"goodput: requests that succeeded with {' and '.join(selection.request_slos)}")
@@ -544,7 +545,7 @@ def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] 
             lines.append(header)
         for r in level.ranked:
             ci = f"[{r.speedup_ci.low:.3f}, {r.speedup_ci.high:.3f}]" if r.speedup_ci else "-"
-            note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
+            note = "tie" if r.tie else ("winner" if r.rank == 1 else "")
             if r.is_baseline:
                 note = (note + " baseline").strip()
             speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
@@ -553,7 +554,9 @@ def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] 
                 f"   {r.rank:>2}  {r.config_label:<22} {_fixed(r.objective):>22} {_fixed(r.objective_mad):>8} "
                 f"{share_text(r.error_rate):>7}{goodput_cells} {speedup:>8}  {ci:<16} {note}"
             )
-        lines.extend(_undecided(level, confidence))
+        tie = tie_text(level, selection.confidence)
+        if tie:
+            lines.append(f"   {tie}")
         for e in level.excluded:
             lines.append(
                 f"   excluded {e.config_label} (errors {share_text(e.error_rate)}): {'; '.join(e.reasons)}"
@@ -596,23 +599,6 @@ def format_confirmation(confirmation: Confirmation, selection: Selection) -> str
     )
     lines.append(f"   recommended: {confirmation.recommended} (the higher measured mix score)")
     return "\n".join(lines)
-
-
-def _undecided(level: LevelChoice, confidence: str) -> list[str]:
-    """Say so when the winner is not distinguishable from the runner-up, instead of a winner by a hair."""
-    if len(level.ranked) < 2 or not level.ranked[1].tie:
-        return []
-    winner, second = level.ranked[0], level.ranked[1]
-    diff = second.difference_ci
-    span = f" (difference {_num(diff.low)} to {_num(diff.high)})" if diff else ""
-    more = (
-        f"about {second.more_repeats} more repeat(s) of each would likely separate them"
-        if second.more_repeats is not None
-        else "more repeats are unlikely to separate them: for practical purposes they are equal"
-    )
-    return [
-        f"   not distinguishable at {confidence}: {winner.config_label!r} and {second.config_label!r}{span}; {more}"
-    ]
 
 
 COMMAND = Command(
