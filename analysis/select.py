@@ -115,7 +115,7 @@ class LaunchNoise:
     @property
     def text(self) -> str:
         """What the output says, e.g. "launch noise 1.8% (from 6 repeated configs)"."""
-        value = f"{self.relative_sd * 100:.2g}%"
+        value = f"{self.relative_sd:.1%}"
         if self.repeated_configs:
             return f"launch noise {value} (from {self.repeated_configs} repeated configs)"
         return f"launch noise {value} (assumed: no config was repeated; set repeats >= 2 to measure it)"
@@ -164,8 +164,8 @@ class LevelChoice:
     baseline_objective: float | None
     ranked: tuple[RankedConfig, ...]
     excluded: tuple[ExcludedConfig, ...]
-    tie_set: tuple[str, ...]  # the winner and every config tied with it (just the winner when it is alone)
-    launches_to_separate: int | None  # launches of each that would separate a 1% difference in the tie set
+    tie_set: tuple[str, ...] = ()  # the winner and every config tied with it (the winner alone: no tie)
+    launches_to_separate: int | None = None  # launches of each that would separate a 1% difference in it
 
     @property
     def winner(self) -> RankedConfig | None:
@@ -185,9 +185,9 @@ class Selection:
     confidence: float
     max_error_rate: float
     replicates: int
-    launch_noise: LaunchNoise
     levels: tuple[LevelChoice, ...]
     notes: tuple[str, ...]
+    launch_noise: LaunchNoise = LaunchNoise(DEFAULT_LAUNCH_NOISE, 0)  # what every interval carries
 
 
 @dataclass(frozen=True)
@@ -296,9 +296,9 @@ def select_best(
         confidence=confidence,
         max_error_rate=max_error_rate,
         replicates=replicates,
-        launch_noise=noise,
         levels=choices,
         notes=tuple(notes),
+        launch_noise=noise,
     )
 
 

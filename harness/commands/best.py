@@ -597,7 +597,8 @@ def format_confirmation(confirmation: Confirmation, selection: Selection) -> str
             else ""
         )
     )
-    lines.append(f"   recommended: {confirmation.recommended} (the higher measured mix score)")
+    why = confirmation.preference or "the separably higher measured mix score"
+    lines.append(f"   recommended: {confirmation.recommended} ({why})")
     return "\n".join(lines)
 
 

@@ -1,0 +1,128 @@
+"""Launch noise in every interval and ties called ties: ``best``'s answer at a level is a tie set."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.select import select_best
+from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
+from analysis.views import connect
+
+LEVEL = 16
+BASELINE = SyntheticConfig("baseline")
+
+
+def _chain(label: str, accept_length: float, draft_tokens: int = 4, **kwargs: object) -> SyntheticConfig:
+    return SyntheticConfig(
+        label,
+        "EAGLE3",
+        draft_tokens - 1,
+        1,
+        draft_tokens,
+        accept_length=accept_length,
+        step_cost=1.1,
+        **kwargs,
+    )  # type: ignore[arg-type]
+
+
+def _best(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "best", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_select_best_estimates_launch_noise_when_configs_are_repeated(tmp_path: Path) -> None:
+    """Three configs, three launches each, every launch's TPOT scaled by 0.97, 1.00 or 1.03: the launch
+    factors' relative sd is sqrt(((-0.03)^2 + 0 + 0.03^2) / 2) = 3.0% by construction. The p50 TPOT of
+    a launch of 3000 requests varies by itself only ~1.25 x 0.15 / sqrt(3000) = 0.34% (lognormal sigma
+    0.15), which the estimate takes off, so it reads 3.0% +- 0.3%, from 3 repeated configs."""
+    factors = (0.97, 1.0, 1.03)
+    configs = tuple(
+        SyntheticConfig(c.label, c.algorithm, c.num_steps, c.eagle_topk, c.num_draft_tokens,
+                        accept_length=c.accept_length, step_cost=c.step_cost, repeats=3, launch_tpot_factors=factors)
+        for c in (BASELINE, _chain("chain d=4", 2.6), _chain("chain d=8", 3.4, 8))
+    )  # fmt: skip
+    write_sweep(tmp_path, SyntheticSweep(configs=configs, concurrencies=(LEVEL,), requests_per_level=3000))
+    selection = select_best(connect(tmp_path), tmp_path, objective="tpot_p50_ms")
+    assert selection.launch_noise.repeated_configs == 3
+    assert selection.launch_noise.relative_sd == pytest.approx(0.03, abs=0.003)
+    noise = selection.launch_noise
+    assert noise.text == f"launch noise {noise.relative_sd:.1%} (from 3 repeated configs)"
+
+
+def test_select_best_assumes_the_spec_launch_noise_when_no_config_was_repeated(tmp_path: Path) -> None:
+    """One launch per config: the launch noise is the spec's ``launch_noise`` (5% here), said to be
+    assumed, and each speedup interval carries it for both launches: half-width ~ 1.96 x sqrt(2) x 5% =
+    13.9% of the speedup (the request-level part, ~0.3%, adds nothing visible)."""
+    write_sweep(
+        tmp_path,
+        SyntheticSweep(
+            configs=(BASELINE, _chain("chain d=4", 2.6)), concurrencies=(LEVEL,), requests_per_level=3000
+        ),
+        spec_text="launch_noise: 0.05\n",
+    )
+    selection = select_best(connect(tmp_path), tmp_path)
+    assert selection.launch_noise.text == (
+        "launch noise 5.0% (assumed: no config was repeated; set repeats >= 2 to measure it)"
+    )
+    chain = next(r for r in selection.levels[0].ranked if r.config_label == "chain d=4")
+    assert chain.speedup is not None and chain.speedup_ci is not None
+    half_width = (chain.speedup_ci.high - chain.speedup_ci.low) / 2 / chain.speedup
+    assert half_width == pytest.approx(1.96 * 2**0.5 * 0.05, rel=0.15)
+
+
+def test_best_shows_a_tie_set_when_configs_differ_by_less_than_launch_noise(tmp_path: Path) -> None:
+    """Two chains ~3% apart (accept length 2.68 vs 2.60), one launch each, 4000 requests per level: the
+    requests alone separate them (their interval is ~0.3% wide), but two launches under the assumed 2%
+    launch noise differ by sd 2.8%, so the difference's 95% interval is about +-5.5% and holds 0. `best`
+    says tie instead of naming a winner, with the launches that would separate a 1% difference
+    (2 x 1.96^2 x (0.02^2 + the requests' ~0.003^2) / 0.01^2 = 31 or 32 launches of each, so
+    about 30-31 more); JSON and CSV mark both."""
+    configs = (BASELINE, _chain("chain d=4", 2.68), _chain("chain d=5", 2.6, 5))
+    write_sweep(tmp_path, SyntheticSweep(configs=configs, concurrencies=(LEVEL,), requests_per_level=4000))
+    text = _best(str(tmp_path))
+    assert text.returncode == 0, text.stderr
+    assert (
+        "launch noise 2.0% (assumed: no config was repeated; set repeats >= 2 to measure it)" in text.stdout
+    )
+    tie = re.search(
+        r"tie: chain d=4, chain d=5 - not separable at 95%; about (\d+) more launches of each would separate a "
+        r"1% difference",
+        text.stdout,
+    )
+    assert tie is not None and 30 <= int(tie.group(1)) <= 32
+    assert "winner" not in text.stdout
+    data = json.loads(_best(str(tmp_path), "--json").stdout)
+    (level,) = data["levels"]
+    assert level["tie_set"] == ["chain d=4", "chain d=5"]
+    assert {r["config_label"]: r["tie"] for r in level["ranked"]} == {
+        "chain d=4": True, "chain d=5": True, "baseline": False,
+    }  # fmt: skip
+    rows = _best(str(tmp_path), "--format", "csv").stdout.splitlines()
+    tie_column = rows[0].split(",").index("tie")
+    assert [row.split(",")[tie_column] for row in rows[1:]] == ["True", "True", "False"]
+
+
+def test_best_names_one_winner_when_it_is_clear_beyond_launch_noise(tmp_path: Path) -> None:
+    """Chains ~25% apart (accept length 3.4 vs 2.6): far beyond 2% launch noise, so the winner stands
+    alone, no tie line, its tie set is itself; the output says the launch noise was assumed."""
+    configs = (BASELINE, _chain("chain d=4", 2.6), _chain("chain d=8", 3.4, 8))
+    write_sweep(tmp_path, SyntheticSweep(configs=configs, concurrencies=(1,), requests_per_level=1000))
+    text = _best(str(tmp_path))
+    assert text.returncode == 0, text.stderr
+    assert "launch noise 2.0% (assumed" in text.stdout
+    assert "tie:" not in text.stdout
+    winner = next(line for line in text.stdout.splitlines() if line.rstrip().endswith("winner"))
+    assert "chain d=8" in winner
+    (level,) = json.loads(_best(str(tmp_path), "--json").stdout)["levels"]
+    assert level["tie_set"] == ["chain d=8"] and level["launches_to_separate"] is None
