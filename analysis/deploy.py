@@ -146,7 +146,7 @@ def plan_deployment(
             "adaptive", adaptive_scored, static.config_label, static_scored, weights, selection.confidence
         )
         if why:
-            tie, preference = (*tie, "adaptive"), (*preference, why)
+            tie, preference = (*(tie or (static.config_label,)), "adaptive"), (*preference, why)
     return Deployment(weights, static, adaptive, note, recommended, tie, preference)
 
 

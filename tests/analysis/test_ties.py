@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.select import select_best
+from analysis.deploy import ConfigShape, plan_deployment
+from analysis.select import Interval, LevelChoice, RankedConfig, Selection, select_best
 from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
 from analysis.views import connect
 
@@ -126,3 +127,77 @@ def test_best_names_one_winner_when_it_is_clear_beyond_launch_noise(tmp_path: Pa
     assert "chain d=8" in winner
     (level,) = json.loads(_best(str(tmp_path), "--json").stdout)["levels"]
     assert level["tie_set"] == ["chain d=8"] and level["launches_to_separate"] is None
+
+
+LOW, HIGH = "concurrency=1", "concurrency=16"
+SHAPES = {
+    "baseline": ConfigShape("baseline", True, None, None),
+    "chain d=4": ConfigShape("chain d=4", False, 3, 1, 4),
+    "chain d=8": ConfigShape("chain d=8", False, 7, 1, 8),
+}
+
+
+def _ranked(label: str, objective: float, rank: int) -> RankedConfig:
+    """A ranked config whose 95% interval is +-2% of its objective: a relative sd of 0.02 / 1.96."""
+    return RankedConfig(
+        rank=rank, config_label=label, is_baseline=label == "baseline", repeats=1, job_ids=(label,),
+        objective=objective, objective_mad=None, objective_ci=Interval(objective * 0.98, objective * 1.02),
+        speedup=None, speedup_ci=None, tie=False, difference_ci=None, more_repeats=None, error_rate=0.0,
+        goodput_rps=None, goodput_share=None, slo_values={}, launch_command=None, sglang_argv=None,
+    )  # fmt: skip
+
+
+def _selection(values: dict[str, dict[str, float]]) -> Selection:
+    levels = tuple(
+        LevelChoice(level, "baseline", row["baseline"], tuple(
+            _ranked(label, value, rank)
+            for rank, (label, value) in enumerate(sorted(row.items(), key=lambda i: -i[1]), start=1)
+        ), ())
+        for level, row in values.items()
+    )  # fmt: skip
+    return Selection(
+        sweep_id="s", objective="output_tok_s_per_gpu", objective_unit="", better="higher", slos=(),
+        request_slos=(), confidence=0.95, max_error_rate=0.01, replicates=100, levels=levels, notes=(),
+    )  # fmt: skip
+
+
+def test_plan_deployment_recommends_static_when_the_adaptive_schedule_is_the_same_launch() -> None:
+    """The chain d=8 wins both levels, so the adaptive schedule runs its depth everywhere: its mix score
+    equals the static chain d=8's (1.000 and 1.000, the case seen as 0.979 vs 0.979). Equal is not
+    better: static is recommended, the simpler launch, and the preference says why."""
+    selection = _selection(
+        {LOW: {"chain d=8": 100.0, "chain d=4": 80.0, "baseline": 50.0},
+         HIGH: {"chain d=8": 200.0, "chain d=4": 150.0, "baseline": 120.0}}
+    )  # fmt: skip
+    deployment = plan_deployment(selection, SHAPES, {LOW: 1, HIGH: 16})
+    assert (
+        deployment.adaptive is not None
+        and deployment.adaptive.mix_score == deployment.static.mix_score == 1.0
+    )
+    assert deployment.recommended == "static" and deployment.static.config_label == "chain d=8"
+    assert deployment.tie == ("chain d=8", "adaptive")
+    assert deployment.preference == (
+        "adaptive (1.000) and static 'chain d=8' (1.000) are not separable at 95% on the mix: static "
+        "recommended, the simpler launch",
+    )
+
+
+def test_plan_deployment_takes_the_fewer_draft_token_config_when_static_configs_tie_on_the_mix() -> None:
+    """chain d=8 beats chain d=4 by 0.5% at both levels (mix 1.000 vs 0.995), each +-2% at 95% (relative
+    sd 1.02%): their mix difference has sd sqrt(2 x 0.5^2 x (1 + 0.995^2)) x 1.02% = 1.02%, so 0.005 is
+    well inside 1.96 x 1.02% = 2.0%: a tie, and the chain d=4 (4 draft tokens, not 8) is deployed,
+    saying so; the adaptive schedule (chain d=8's depth everywhere, 1.000) does not separate from it
+    either. The baseline, 50% below, is no part of the tie."""
+    selection = _selection(
+        {LOW: {"chain d=8": 100.0, "chain d=4": 99.5, "baseline": 50.0},
+         HIGH: {"chain d=8": 200.0, "chain d=4": 199.0, "baseline": 100.0}}
+    )  # fmt: skip
+    deployment = plan_deployment(selection, SHAPES, {LOW: 1, HIGH: 16})
+    assert deployment.static.config_label == "chain d=4"
+    assert deployment.static.mix_score == pytest.approx(0.995)
+    assert deployment.recommended == "static"
+    assert deployment.tie == ("chain d=8", "chain d=4", "adaptive")
+    assert deployment.preference[0] == (
+        "static 'chain d=4' (0.995) is the simplest of the configs tied on the mix with 'chain d=8' (1.000; "
+        "tie: chain d=8, chain d=4, not separable at 95%): preferred, the simpler launch"
+    )
