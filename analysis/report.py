@@ -302,7 +302,7 @@ def _categories(con: duckdb.DuckDBPyConnection) -> str:
 
 def _capacity(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
     """The capacity search's answer per config, and its probes (empty without a capacity search)."""
-    from analysis.capacity import capacity_text, rank_by_capacity
+    from analysis.capacity import bracket_text, capacity_text, rank_by_capacity, tie_text
 
     if not con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
         return ""
@@ -311,15 +311,19 @@ def _capacity(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
         "<section id='capacity'><h2>Capacity under SLO</h2>"
         f"<p class='meta'>Highest {html.escape(choices[0].kind)} at which {html.escape(choices[0].slo)} held, "
         "found by bisection on one launch per job (the smallest over a config's launches).</p>"
-        "<table><tr><th>#</th><th class='label'>config</th><th>capacity</th><th>launches</th>"
-        "<th>probes</th></tr>"
+        "<table><tr><th>#</th><th class='label'>config</th><th>capacity</th><th>bracket</th><th>launches</th>"
+        "<th>probes</th><th>note</th></tr>"
     ]
     for c in choices:
         parts.append(
-            f"<tr><td>{c.rank}</td><td class='label'>{html.escape(c.config_label)}</td>"
-            f"<td>{html.escape(capacity_text(c))}</td><td>{c.launches}</td><td>{c.probes}</td></tr>"
+            f"<tr class='{'tie' if c.tie else ''}'><td>{c.rank}</td><td class='label'>{html.escape(c.config_label)}</td>"
+            f"<td>{html.escape(capacity_text(c))}</td><td>{html.escape(bracket_text(c))}</td><td>{c.launches}</td>"
+            f"<td>{c.probes}</td><td>{'tie' if c.tie else ''}</td></tr>"
         )
     parts.append("</table>")
+    tie = tie_text(choices)
+    if tie:
+        parts.append(f"<p class='note'>{html.escape(tie)}</p>")
     element_id, caption = CAPACITY_PLOT
     parts.append(
         f"<figure id='{element_id}'><figcaption>{html.escape(caption)}</figcaption>"

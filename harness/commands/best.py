@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from analysis.confirmation import Confirmation
-    from analysis.select import LevelChoice, Selection
+    from analysis.select import Selection
     from analysis.slo import Slo
     from analysis.store import ResultStore
     from harness.deploy_launch import DeployLaunch
@@ -443,7 +443,7 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     When no probe of any config met the SLOs there is no capacity and no launch to recommend: the ranking
     is shown (each config's bound), then that is a ResultsError (exit 2), as ``--emit`` refuses when no
     config meets the SLOs."""
-    from analysis.capacity import capacity_text, rank_by_capacity
+    from analysis.capacity import bracket_text, capacity_text, rank_by_capacity, tie_text
     from analysis.views import check_current_inputs
 
     _refuse_emit(
@@ -468,11 +468,17 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     else:
         lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
         lines.extend(f"note: {note}" for note in notes)
-        lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
+        lines.append(
+            f"   {'#':>2}  {'config':<22} {'capacity':>24} {'bracket':>16} {'launches':>8} {'probes':>6}  note"
+        )
         for c in choices:
             lines.append(
-                f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {c.launches:>8} {c.probes:>6}"
+                f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {bracket_text(c):>16} "
+                f"{c.launches:>8} {c.probes:>6}  {'tie' if c.tie else ''}".rstrip()
             )
+        tie = tie_text(choices)
+        if tie:
+            lines.append(f"   {tie}")
         if first.capacity is not None:
             lines.extend(launch_lines(launches.get(first.config_label)))
         print("\n".join(lines))

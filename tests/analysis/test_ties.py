@@ -14,6 +14,9 @@ from analysis.deploy import ConfigShape, plan_deployment
 from analysis.select import Interval, LevelChoice, RankedConfig, Selection, select_best
 from analysis.synthetic import SyntheticConfig, SyntheticSweep, write_sweep
 from analysis.views import connect
+from harness.cli import main
+
+from .test_capacity import _write_results as _write_capacity_results
 
 LEVEL = 16
 BASELINE = SyntheticConfig("baseline")
@@ -201,3 +204,36 @@ def test_plan_deployment_takes_the_fewer_draft_token_config_when_static_configs_
         "static 'chain d=4' (0.995) is the simplest of the configs tied on the mix with 'chain d=8' (1.000; "
         "tie: chain d=8, chain d=4, not separable at 95%): preferred, the simpler launch"
     )
+
+
+# Two configs whose searches both end at 20 (20 passed, 22 failed), one at 16 (18 failed), one below 8.
+TIED_PROBES: dict[tuple[str, int], list[tuple[float, bool]]] = {
+    ("chain d=8", 0): [(16.0, True), (32.0, False), (24.0, False), (20.0, True), (22.0, False)],
+    ("chain d=4", 0): [(16.0, True), (32.0, False), (24.0, False), (20.0, True), (22.0, False)],
+    ("chain d=4", 1): [(16.0, True), (32.0, False), (24.0, False), (20.0, True), (22.0, False)],
+    ("baseline", 0): [(16.0, True), (32.0, False), (24.0, False), (20.0, False), (18.0, False)],
+    ("tree s=3 k=4 n=8", 0): [(16.0, False), (8.0, False)],
+}
+
+
+def test_best_capacity_shows_brackets_and_marks_ties_when_brackets_overlap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Brackets run from the smallest passing load to the highest lowest failing one, widened by
+    1.96 x 2% = 3.92% each side: both chains [20 x 0.9608, 22 x 1.0392] = [19.2, 22.9], so they overlap and
+    are a tie (ranks 1 and 2 are no ranking); the baseline's [16 x 0.9608, 18 x 1.0392] = [15.4, 18.7]
+    ends below 19.2 and the tree's [0, 8.31] too: not tied. JSON carries the bracket and the tie."""
+    out = _write_capacity_results(tmp_path / "out", TIED_PROBES)
+    assert main(["best", str(out), "--objective", "capacity", "--json"]) == 0
+    ranked = {r["config_label"]: r for r in json.loads(capsys.readouterr().out)["ranked"]}
+    assert (ranked["chain d=4"]["low"], ranked["chain d=4"]["high"]) == pytest.approx((19.216, 22.8624))
+    assert (ranked["baseline"]["low"], ranked["baseline"]["high"]) == pytest.approx((15.3728, 18.7056))
+    assert {label: r["tie"] for label, r in ranked.items()} == {
+        "chain d=4": True, "chain d=8": True, "baseline": False, "tree s=3 k=4 n=8": False,
+    }  # fmt: skip
+    assert main(["best", str(out), "--objective", "capacity"]) == 0
+    text = capsys.readouterr().out
+    for label in ("chain d=4", "chain d=8"):
+        assert re.search(rf"{label} +20 req/s +\[19\.2, 22\.9\] .* tie$", text, flags=re.M), text
+    assert re.search(r"baseline +16 req/s +\[15\.4, 18\.7\] +1 +5$", text, flags=re.M), text
+    assert "tie: chain d=4, chain d=8 - brackets overlap the best's, not separable at 95%" in text
