@@ -76,11 +76,26 @@ def rank_by_capacity(con: duckdb.DuckDBPyConnection) -> list[CapacityChoice]:
         )
     noise = spec_launch_noise(con)
     widen = NormalDist().inv_cdf(1 - (1 - DEFAULT_CONFIDENCE) / 2) * noise
-    choices = [
-        CapacityChoice(i + 1, *row[:-2], low=row[-2] * (1 - widen), high=_up(row[-1], widen), tie=False,
-                       launch_noise=noise)
-        for i, row in enumerate(rows)
-    ]  # fmt: skip
+    choices = []
+    for i, (
+        label,
+        kind,
+        slo,
+        capacity,
+        bound,
+        lowest_fail,
+        launches,
+        probes,
+        command,
+        low,
+        high,
+    ) in enumerate(rows):
+        choices.append(
+            CapacityChoice(
+                i + 1, label, kind, slo, capacity, bound, lowest_fail, launches, probes, command,
+                low=low * (1 - widen), high=_up(high, widen), tie=False, launch_noise=noise,
+            )
+        )  # fmt: skip
     best = choices[0]
     tied = {c.config_label for c in choices[1:] if best.capacity is not None and _overlap(c, best)}
     return [dataclasses.replace(c, tie=c.config_label in tied or (c is best and bool(tied))) for c in choices]

@@ -237,3 +237,20 @@ def test_best_capacity_shows_brackets_and_marks_ties_when_brackets_overlap(
         assert re.search(rf"{label} +20 req/s +\[19\.2, 22\.9\] .* tie$", text, flags=re.M), text
     assert re.search(r"baseline +16 req/s +\[15\.4, 18\.7\] +1 +5$", text, flags=re.M), text
     assert "tie: chain d=4, chain d=8 - brackets overlap the best's, not separable at 95%" in text
+
+
+def test_report_shows_the_tie_set_and_the_launch_noise_when_configs_tie(tmp_path: Path) -> None:
+    """The report's winner box names the tie set as the answer (the same two chains ~3% apart, one launch
+    each, 2% launch noise assumed, as `best` shows them) and its header says which launch noise every
+    interval carries; the tied rows of the level's table are marked tie."""
+    out = tmp_path / "out"
+    configs = (BASELINE, _chain("chain d=4", 2.68), _chain("chain d=5", 2.6, 5))
+    write_sweep(out, SyntheticSweep(configs=configs, concurrencies=(LEVEL,), requests_per_level=4000))
+    page_path = tmp_path / "report.html"
+    assert main(["report", str(out), "-o", str(page_path)]) == 0
+    page = page_path.read_text()
+    assert "launch noise 2.0% (assumed: no config was repeated; set repeats &gt;= 2 to measure it)" in page
+    assert re.search(
+        r"tie: chain d=4, chain d=5 - not separable at 95%; about \d+ more launches of each", page
+    )
+    assert page.count("<td>tie</td>") == 2
