@@ -604,7 +604,11 @@ def _choose_level(
 
 
 def _launches_to_separate(
-    level: str, tied: list[RankedConfig], by_config: dict[str, list[_Run]], metric: Metric, resampler: _Resampler
+    level: str,
+    tied: list[RankedConfig],
+    by_config: dict[str, list[_Run]],
+    metric: Metric,
+    resampler: _Resampler,
 ) -> int:
     """Launches of each of two tied configs whose difference's interval would be narrower than a
     ``SEPARATE_DIFFERENCE`` relative difference: n >= 2 z^2 (sigma^2 + w) / d^2, with sigma the launch
