@@ -396,6 +396,11 @@ def _deployment(
         f"on the mix. Recommended: <b>{confirmation.recommended if confirmation else plan.recommended}</b> "
         "(<code>specsweep best --emit DIR</code> writes the launch).</p>"
     )
+    preferences = [
+        *plan.preference,
+        *([confirmation.preference] if confirmation and confirmation.preference else []),
+    ]
+    parts.extend(f"<p class='note'>prefer: {html.escape(why)}</p>" for why in preferences)
     if confirmation is not None:
         parts.append(_confirmation_table(confirmation))
     if plan.adaptive is None:
