@@ -4,8 +4,9 @@ The first sweep is the reference A; every other sweep B is compared with it, per
 level and request category) and per config (configs are matched by ``config_label``, levels by name).
 For each metric the ratio is B / A of the values ``best`` ranks by (the median over repeats), and its
 interval comes from ``best``'s own bootstrap (``analysis.select.measure_configs``): each sweep's
-replicates resample its launches (repeats) and then the requests within each launch, so launch-to-launch
-noise widens the interval; A and B are independent runs, so their replicates are drawn apart (a seed per
+replicates resample the requests within each launch and carry that sweep's launch noise (estimated from
+its repeats, else the spec's ``launch_noise``; each sweep's note says which), so launch-to-launch noise
+widens the interval; A and B are independent runs, so their replicates are drawn apart (a seed per
 sweep) and divided pairwise. An interval that holds 1 is a tie: not distinguishable at the confidence.
 ``verdict`` reads the ratio the metric's way (higher throughput, lower latency is better for B).
 
@@ -214,6 +215,7 @@ def _load(
     measured: dict[tuple[str, str, str | None], dict[str, Measured]] = {}
     better: dict[str, str] = {}
     notes: tuple[str, ...] = ()
+    noise: dict[str, str] = {}  # metric -> its launch noise, as the note says it
     sweep_id = ""
     for name in metrics:
         for category in categories:
@@ -227,6 +229,7 @@ def _load(
                 category=category,
             )
             sweep_id, notes = result.sweep_id, result.notes
+            noise[result.metric.name] = result.launch_noise.text
             better[result.metric.name] = result.metric.better or "higher"
             for level, configs in result.levels.items():
                 measured[(result.metric.name, level, category)] = configs
@@ -248,7 +251,7 @@ def _load(
         specsweep_version=specsweep,
         ray_version=ray,
         input_digests=_digests(digests),
-        notes=notes,
+        notes=(*notes, *(f"{metric}: {text}" for metric, text in noise.items())),
     )
     return _Loaded(info, _spec(spec_text), argv, measured, better)
 

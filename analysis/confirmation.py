@@ -10,7 +10,9 @@ configs (the same statistics: median over repeats, bootstrap interval), and comp
 On the load mix (the spec's ``deploy_weights``) its measured score is the weighted mean of its level
 scores, with an interval from its levels' intervals (each over that level's winner as measured); it is
 compared with the best static config overall and the best static topk-1 chain. The recommendation is
-whichever of the measured adaptive server and the best static config scores higher on the mix.
+the measured adaptive server only when it scores separably higher on the mix than the static config
+``best --emit`` recommends (``analysis.deploy.prefer_static``, launch noise included); tied, the static
+launch, the simpler one, and the output says so.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from analysis.deploy import ConfigShape, StaticChoice, best_chain_static, mix, plan_deployment, score
+from analysis.deploy import (
+    ConfigShape,
+    StaticChoice,
+    best_chain_static,
+    mix,
+    plan_deployment,
+    prefer_static,
+    score,
+    scored,
+)
 from analysis.select import Interval, RankedConfig, Selection
 
 if TYPE_CHECKING:
@@ -53,7 +64,8 @@ class Confirmation:
     mix_ci: Interval | None
     static: StaticChoice  # the best static config on the mix (any shape)
     chain_static: StaticChoice | None  # the best static topk-1 chain or baseline on the mix
-    recommended: str  # "adaptive" or "static": the higher measured mix score
+    recommended: str  # "adaptive" or "static": static unless adaptive is separably higher on the mix
+    preference: str | None = None  # why static was taken over a tied adaptive server, in words
 
 
 def confirmation_label(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | None:
@@ -81,10 +93,13 @@ def confirm(
         level.load_level: {r.config_label: r for r in level.ranked} for level in with_confirmation.levels
     }
     levels = []
+    measured_at: dict[str, RankedConfig] = {}
     for level in sweep.levels:
         if level.winner is None:
             continue
         measured: RankedConfig | None = ranked_with.get(level.load_level, {}).get(label)
+        if measured is not None:
+            measured_at[level.load_level] = measured
         best_chain = next(
             (
                 r
@@ -119,6 +134,15 @@ def confirm(
     scores = {level: by_level[level].of_winner if level in by_level else 0.0 for level in weights_used}
     mix_score = mix(scores, weights_used)
     mix_ci = _mix_interval(sweep, by_level, weights_used, lower)
+    static_label = deployment.static.config_label
+    recommended, preference = prefer_static(
+        "the measured adaptive server",
+        scored(sweep, dict.fromkeys(weights_used, label), measured_at),
+        static_label,
+        scored(sweep, dict.fromkeys(weights_used, static_label)),
+        weights_used,
+        sweep.confidence,
+    )
     return Confirmation(
         config_label=label,
         schedule=schedule,
@@ -128,7 +152,8 @@ def confirm(
         mix_ci=mix_ci,
         static=deployment.static,
         chain_static=best_chain_static(sweep, shapes, weights_used),
-        recommended="adaptive" if mix_score >= deployment.static.mix_score else "static",
+        recommended=recommended,
+        preference=preference,
     )
 
 

@@ -13,8 +13,16 @@ A team runs one server, so per-level winners are not an answer by themselves. Tw
   as happens between a finish and the next admission, still runs that level's depth. Its expected mix score assumes each level runs as its chosen config did; where a tree
   (topk > 1) won a level, the schedule gives up the difference, which is reported.
 
-The recommendation is whichever expects the higher mix score; the adaptive one is a prediction until a
-confirmation run measures it.
+The recommendation is whichever expects the higher mix score, unless the two are tied; the adaptive one
+is a prediction until a confirmation run measures it.
+
+Ties on the mix: each config's score at a level is uncertain by its objective's interval (launch noise
+included, ``analysis.select``), read as a relative sd (half-width / z). Two candidates' mix scores
+differ by sum_l w_l (a_l - b_l) / W, with variance sum_l (w_l / W)^2 (a_l^2 v_a,l + b_l^2 v_b,l), and a
+level where both run the same config adds nothing. Within 95% (z sd) of the best they are tied, and
+inside a tie the simpler launch is preferred and said so: static over adaptive (the adaptive schedule
+is recommended only when its mix score is separably higher), then the baseline, topk 1 over trees,
+fewer draft tokens, fewer steps.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from analysis.select import LevelChoice, RankedConfig, Selection
@@ -39,10 +48,18 @@ class ConfigShape:
     is_baseline: bool
     steps: int | None
     topk: int | None
+    draft_tokens: int | None = None
 
     @property
     def is_chain(self) -> bool:
         return not self.is_baseline and self.topk == 1 and self.steps is not None
+
+    @property
+    def simplicity(self) -> tuple[int, int, int, int, str]:
+        """Sort key, simplest first: the baseline, then topk 1 before trees, fewer draft tokens, fewer
+        steps (the label last, so the order is total)."""
+        tree = int((self.topk or 1) > 1)
+        return (int(not self.is_baseline), tree, self.draft_tokens or 0, self.steps or 0, self.config_label)
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,8 @@ class Deployment:
     adaptive: AdaptiveChoice | None
     adaptive_note: str | None  # why there is no adaptive schedule
     recommended: str  # "static" or "adaptive"
+    tie: tuple[str, ...] = ()  # the candidates tied on the mix with the best ("adaptive" for the schedule)
+    preference: tuple[str, ...] = ()  # why the simpler launch was taken inside a tie, in words
 
 
 def spec_weights(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
@@ -92,10 +111,11 @@ def config_shapes(con: duckdb.DuckDBPyConnection) -> dict[str, ConfigShape]:
     """Per config label, what its done jobs ran (effective settings)."""
     rows = con.sql(
         "SELECT config_label, any_value(effective_speculative_algorithm IS NULL), "
-        "any_value(effective_speculative_num_steps), any_value(effective_speculative_eagle_topk) "
+        "any_value(effective_speculative_num_steps), any_value(effective_speculative_eagle_topk), "
+        "any_value(effective_speculative_num_draft_tokens) "
         "FROM current_jobs WHERE role = 'sweep' GROUP BY config_label"
     ).fetchall()
-    return {label: ConfigShape(label, bool(base), steps, topk) for label, base, steps, topk in rows}
+    return {label: ConfigShape(label, bool(base), *shape) for label, base, *shape in rows}
 
 
 def level_concurrency(con: duckdb.DuckDBPyConnection) -> dict[str, int | None]:
@@ -116,10 +136,124 @@ def plan_deployment(
     levels = {level.load_level: level for level in selection.levels}
     weights = _check_weights(weights or dict.fromkeys(levels, 1.0), levels)
     lower = selection.better == "lower"
-    static = _best_static(levels, weights, lower)
+    static, tie, preference = _simplest_static(selection, levels, weights, shapes)
     adaptive, note = _adaptive(levels, weights, lower, shapes, concurrency)
-    recommended = "adaptive" if adaptive is not None and adaptive.mix_score >= static.mix_score else "static"
-    return Deployment(weights, static, adaptive, note, recommended)
+    recommended = "static"
+    if adaptive is not None:
+        static_scored = scored(selection, {level: static.config_label for level in weights})
+        adaptive_scored = scored(selection, adaptive.chosen)
+        recommended, why = prefer_static(
+            "adaptive", adaptive_scored, static.config_label, static_scored, weights, selection.confidence
+        )
+        if why:
+            tie, preference = (*(tie or (static.config_label,)), "adaptive"), (*preference, why)
+    return Deployment(weights, static, adaptive, note, recommended, tie, preference)
+
+
+Scored = dict[str, tuple[str, float, float]]  # level -> (config, score of the level's winner, rel. variance)
+
+
+def scored(
+    selection: Selection, chosen: dict[str, str], measured: dict[str, RankedConfig] | None = None
+) -> Scored:
+    """Per level, the config ``chosen`` there (or its ``measured`` ranking), its score and the relative
+    variance of its objective (from its interval: ((high - low) / 2 / z / objective)^2); 0 and 0 where
+    it is not ranked (it missed an SLO)."""
+    z = NormalDist().inv_cdf(1 - (1 - selection.confidence) / 2)
+    lower = selection.better == "lower"
+    out: Scored = {}
+    for level in selection.levels:
+        if level.load_level not in chosen or level.winner is None:
+            continue
+        ranked = {r.config_label: r for r in level.ranked}
+        r = (measured or {}).get(level.load_level) or ranked.get(chosen[level.load_level])
+        if r is None:  # it missed an SLO there: it scores 0
+            out[level.load_level] = (chosen[level.load_level], 0.0, 0.0)
+            continue
+        ci = r.objective_ci
+        variance = ((ci.high - ci.low) / 2 / z / r.objective) ** 2 if ci and r.objective else 0.0
+        out[level.load_level] = (r.config_label, score(r.objective, level.winner.objective, lower), variance)
+    return out
+
+
+def separated(a: Scored, b: Scored, weights: dict[str, float], confidence: float) -> bool:
+    """Whether ``a``'s mix score is higher than ``b``'s beyond their noise (see the module docstring)."""
+    total = sum(weights.values())
+    difference = variance = 0.0
+    for level, w in weights.items():
+        (label_a, score_a, var_a), (label_b, score_b, var_b) = a[level], b[level]
+        if label_a == label_b:
+            continue  # the same launch's measurement: no difference, no noise
+        difference += w / total * (score_a - score_b)
+        variance += (w / total) ** 2 * (score_a**2 * var_a + score_b**2 * var_b)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    return difference > z * math.sqrt(variance)
+
+
+def prefer_static(
+    name: str,
+    candidate: Scored,
+    static_label: str,
+    static: Scored,
+    weights: dict[str, float],
+    confidence: float,
+) -> tuple[str, str | None]:
+    """("adaptive", None) when the adaptive ``candidate`` (called ``name``) scores separably higher on the
+    mix than the static config; else ("static", why) when they are tied, ("static", None) when the
+    static config is simply better."""
+    if separated(candidate, static, weights, confidence):
+        return "adaptive", None
+    if separated(static, candidate, weights, confidence):
+        return "static", None
+    a, b = mix_of(candidate, weights), mix_of(static, weights)
+    return "static", (
+        f"{name} ({a:.3f}) and static {static_label!r} ({b:.3f}) are not separable at {confidence:.0%} on the "
+        "mix: static recommended, the simpler launch"
+    )
+
+
+def mix_of(values: Scored, weights: dict[str, float]) -> float:
+    """The mix score of per-level scored configs."""
+    return mix({level: values[level][1] for level in weights}, weights)
+
+
+def _simplest_static(
+    selection: Selection,
+    levels: dict[str, LevelChoice],
+    weights: dict[str, float],
+    shapes: dict[str, ConfigShape],
+) -> tuple[StaticChoice, tuple[str, ...], tuple[str, ...]]:
+    """The simplest static config among those tied on the mix with the best one; the tie set (best mix
+    score first) and, when the simpler one was taken, why."""
+    choices = _static_choices(levels, weights, selection.better == "lower")
+    best = choices[0]
+    best_scored = scored(selection, dict.fromkeys(weights, best.config_label))
+    tied = [
+        c
+        for c in choices
+        if c is best
+        or not separated(
+            best_scored,
+            scored(selection, dict.fromkeys(weights, c.config_label)),
+            weights,
+            selection.confidence,
+        )
+    ]
+    simplest = min(tied, key=lambda c: _simplicity(shapes, c.config_label))
+    tie = tuple(c.config_label for c in tied) if len(tied) > 1 else ()
+    if simplest is best:
+        return best, tie, ()
+    why = (
+        f"static {simplest.config_label!r} ({simplest.mix_score:.3f}) is the simplest of the configs tied on the "
+        f"mix with {best.config_label!r} ({best.mix_score:.3f}; tie: {', '.join(tie)}, not separable at "
+        f"{selection.confidence:.0%}): preferred, the simpler launch"
+    )
+    return simplest, tie, (why,)
+
+
+def _simplicity(shapes: dict[str, ConfigShape], label: str) -> tuple[int, int, int, int, str]:
+    shape = shapes.get(label)
+    return shape.simplicity if shape else (1, 1, 0, 0, label)
 
 
 def batch_thresholds(concurrency: dict[str, int]) -> dict[str, int]:
@@ -180,6 +314,13 @@ def best_chain_static(
 def _best_static(
     levels: dict[str, LevelChoice], weights: dict[str, float], lower: bool, only: set[str] | None = None
 ) -> StaticChoice:
+    return _static_choices(levels, weights, lower, only)[0]
+
+
+def _static_choices(
+    levels: dict[str, LevelChoice], weights: dict[str, float], lower: bool, only: set[str] | None = None
+) -> list[StaticChoice]:
+    """Every config ranked at every weighted level, best mix score first (ties by label)."""
     per_level = {level: _level_scores(levels[level], lower) for level in weights}
     candidates = set.intersection(*(set(scores) for scores in per_level.values()))
     if only is not None:
@@ -198,7 +339,7 @@ def _best_static(
         )
         for label in sorted(candidates)
     ]
-    return max(choices, key=lambda c: c.mix_score)
+    return sorted(choices, key=lambda c: -c.mix_score)
 
 
 def _adaptive(

@@ -6,10 +6,16 @@ from __future__ import annotations
 GLOSSARY: dict[str, str] = {
     "baseline": "the same server without speculative decoding; speedups are over it",
     "speedup": "a config's objective over the baseline's at the same level (throughput: higher is better)",
-    "CI": "confidence interval from a bootstrap: requests resampled within each launch, launches resampled "
-    "with replacement, so launch-to-launch noise widens it",
+    "CI": "confidence interval from a bootstrap: requests resampled within each launch, each launch scaled "
+    "by its own launch-noise factor, so launch-to-launch noise widens it",
+    "launch noise": "how much two launches of the same config differ (relative sd of a level metric), "
+    "measured from repeats, else the spec's launch_noise (2% by default); every interval carries it",
     "tie / not distinguishable": "the interval of the difference to the winner holds 0: the data cannot "
     "tell the two apart",
+    "tie set": "the answer at a level: the winner and every config tied with it; `best` names a single "
+    "winner only when it is alone, and --emit deploys the simplest launch of a tie",
+    "bracket": "the loads a config's capacity lies between on a launch of its own (highest passing to lowest "
+    "failing, widened by launch noise); overlapping brackets are a tie",
     "MAD": "median absolute deviation of the objective over repeats (launches): how much a launch varies",
     "accept length": "tokens emitted per verify step (1 = every draft rejected); higher means the drafter "
     "guesses better",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from analysis.glossary import GLOSSARY
 from analysis.schema import GPU_POWER_W, GPU_SM_CLOCK_MHZ
-from analysis.select import Interval, Selection, order_levels, share_text
+from analysis.select import Interval, Selection, order_levels, share_text, tie_text
 from specsweep.errors import ResultsError
 
 if TYPE_CHECKING:
@@ -174,7 +174,8 @@ def _header(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
         f"ranked by {html.escape(selection.objective)} ({html.escape(selection.objective_unit)}, "
         f"{selection.better} is better); SLOs: {html.escape(slos)}{html.escape(goodput)}; error rate at most "
         f"{share_text(selection.max_error_rate)}; {selection.confidence:.0%} intervals from "
-        f"{selection.replicates} bootstrap resamples of launches and requests</p>{notes}"
+        f"{selection.replicates} bootstrap resamples of requests and "
+        f"{html.escape(selection.launch_noise.text)}</p>{notes}"
     )
 
 
@@ -197,18 +198,18 @@ def _winners(selection: Selection, launches: Mapping[str, LaunchText]) -> str:
             if w.speedup is not None
             else "no baseline measured"
         )
-        ties = [r.config_label for r in level.ranked if r.tie]
-        tie_text = f"; not distinguishable from {', '.join(ties)}" if ties else ""
+        tie = tie_text(level, selection.confidence)
+        extra = f"; {tie}" if tie else ""
         if w.goodput_rps is not None:
-            tie_text = (
-                f", goodput {_fmt(w.goodput_rps)} requests/s ({_fmt(w.goodput_share)} of requests)" + tie_text
+            extra = (
+                f", goodput {_fmt(w.goodput_rps)} requests/s ({_fmt(w.goodput_share)} of requests)" + extra
             )
         parts.append(
             f"<div class='winner' data-level='{html.escape(level.load_level)}'>"
             f"<b>{html.escape(level.load_level)}</b>: "
             f"<span class='winner-label'>{html.escape(w.config_label)}</span>, "
             f"{html.escape(selection.objective)} = {_fmt(w.objective)}, {html.escape(speedup)}"
-            f"{html.escape(tie_text)}{_launch_html(launches.get(w.config_label))}</div>"
+            f"{html.escape(extra)}{_launch_html(launches.get(w.config_label))}</div>"
         )
     parts.append("</section>")
     return "".join(parts)
@@ -270,7 +271,7 @@ def _tables(selection: Selection) -> str:
             f"<th>speedup</th><th>{selection.confidence:.0%} CI</th>{head}<th>note</th></tr>"
         )
         for r in level.ranked:
-            note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
+            note = "tie" if r.tie else ("winner" if r.rank == 1 else "")
             cells = "".join(f"<td>{_fmt(r.slo_values.get(n))}</td>" for n in slo_names)
             if goodput:
                 cells += f"<td>{_fmt(r.goodput_rps)}</td><td>{_fmt(r.goodput_share)}</td>"
@@ -326,7 +327,7 @@ def _categories(con: duckdb.DuckDBPyConnection) -> str:
 
 def _capacity(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
     """The capacity search's answer per config, and its probes (empty without a capacity search)."""
-    from analysis.capacity import capacity_text, rank_by_capacity
+    from analysis.capacity import bracket_text, capacity_text, rank_by_capacity, tie_text
 
     if not con.sql("SELECT count(*) FROM capacity_results").fetchall()[0][0]:
         return ""
@@ -335,15 +336,19 @@ def _capacity(con: duckdb.DuckDBPyConnection, styles: dict[str, Style]) -> str:
         "<section id='capacity'><h2>Capacity under SLO</h2>"
         f"<p class='meta'>Highest {html.escape(choices[0].kind)} at which {html.escape(choices[0].slo)} held, "
         "found by bisection on one launch per job (the smallest over a config's launches).</p>"
-        "<table><tr><th>#</th><th class='label'>config</th><th>capacity</th><th>launches</th>"
-        "<th>probes</th></tr>"
+        "<table><tr><th>#</th><th class='label'>config</th><th>capacity</th><th>bracket</th><th>launches</th>"
+        "<th>probes</th><th>note</th></tr>"
     ]
     for c in choices:
         parts.append(
-            f"<tr><td>{c.rank}</td><td class='label'>{html.escape(c.config_label)}</td>"
-            f"<td>{html.escape(capacity_text(c))}</td><td>{c.launches}</td><td>{c.probes}</td></tr>"
+            f"<tr class='{'tie' if c.tie else ''}'><td>{c.rank}</td><td class='label'>{html.escape(c.config_label)}</td>"
+            f"<td>{html.escape(capacity_text(c))}</td><td>{html.escape(bracket_text(c))}</td><td>{c.launches}</td>"
+            f"<td>{c.probes}</td><td>{'tie' if c.tie else ''}</td></tr>"
         )
     parts.append("</table>")
+    tie = tie_text(choices)
+    if tie:
+        parts.append(f"<p class='note'>{html.escape(tie)}</p>")
     element_id, caption = CAPACITY_PLOT
     parts.append(
         f"<figure id='{element_id}'><figcaption>{html.escape(caption)}</figcaption>"
@@ -416,6 +421,11 @@ def _deployment(
         f"on the mix. Recommended: <b>{confirmation.recommended if confirmation else plan.recommended}</b> "
         "(<code>specsweep best --emit DIR</code> writes the launch).</p>"
     )
+    preferences = [
+        *plan.preference,
+        *([confirmation.preference] if confirmation and confirmation.preference else []),
+    ]
+    parts.extend(f"<p class='note'>prefer: {html.escape(why)}</p>" for why in preferences)
     if confirmation is not None:
         parts.append(_confirmation_table(confirmation))
     if plan.adaptive is None:

@@ -5,9 +5,21 @@ label) whose median over repeats meets every SLO are ranked by the objective's m
 speedup over the no-speculation baseline at the same level with a bootstrap interval (95% by
 default), built by resampling requests with replacement within every run (repeat) of the config and
 of the baseline, taking the median over repeats in each replicate, and reading the percentiles of the
-ratio. With repeats the resample is two-stage (launches with replacement, then requests within each),
-so launch-to-launch variance counts. A config whose difference to the winner has an interval holding 0
-is a tie: not distinguishable from the winner, with an estimate of the repeats that would separate them.
+ratio. Every launch also carries launch noise: a launch of the same config lands a few percent off
+another (clocks, placement, memory layout), which no amount of requests within it averages away. Each
+replicate multiplies each launch's request-level replicate by its own factor 1 + sigma Z (Z standard
+normal), sigma the launch noise, before the median over repeats, so a config's interval over its n
+launches holds both, and a speedup (config over baseline) both configs' noise.
+
+Launch noise, sigma, is estimated from repeats: per (level, config) with n >= 2 launches, the sample
+variance of the launches' values relative to their mean, less the mean within-launch sampling variance
+(each launch's request-level replicates, relative to its value), pooled over the repeated configs with
+weights n - 1 as a relative variance (clipped at 0). With no repeated config it is the prior
+``launch_noise`` of the spec (``DEFAULT_LAUNCH_NOISE``, 2% relative sd), and the output says so.
+
+Ties: at a level the answer is the tie set, the winner and every config whose difference to it has an
+interval holding 0 (not resolved at the confidence, 95% by default, launch noise included), with about
+how many launches of each would separate a 1% difference.
 The objective may be goodput (``analysis.goodput``): requests meeting per-request SLOs, per second.
 
 Resampling, exactly and cheaply:
@@ -34,6 +46,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +82,10 @@ OBJECTIVE_ALIASES: dict[str, str] = {
     "latency": "e2e_p50_ms",
 }
 MAX_MORE_REPEATS = 100  # beyond this, two configs are the same for any practical purpose
+# Launch-to-launch relative sd of a level metric assumed when no config was repeated (the spec's
+# launch_noise overrides it): real launches of one config differ by a few percent.
+DEFAULT_LAUNCH_NOISE = 0.02
+SEPARATE_DIFFERENCE = 0.01  # the relative difference "launches that would separate" is stated for
 
 # Level columns that SLOs may name: every scalar metric, SGLang's own accept length, and goodput
 # (computed from the request rows under per-request SLOs).
@@ -89,6 +106,22 @@ class Interval:
 
 
 @dataclass(frozen=True)
+class LaunchNoise:
+    """The launch-to-launch relative sd of the objective that every interval carries, and its source."""
+
+    relative_sd: float
+    repeated_configs: int  # configs with >= 2 launches it was estimated from; 0: the prior was used
+
+    @property
+    def text(self) -> str:
+        """What the output says, e.g. "launch noise 1.8% (from 6 repeated configs)"."""
+        value = f"{self.relative_sd:.1%}"
+        if self.repeated_configs:
+            return f"launch noise {value} (from {self.repeated_configs} repeated configs)"
+        return f"launch noise {value} (assumed: no config was repeated; set repeats >= 2 to measure it)"
+
+
+@dataclass(frozen=True)
 class RankedConfig:
     """A config that meets every SLO at a level, with its objective and speedup."""
 
@@ -102,7 +135,7 @@ class RankedConfig:
     objective_ci: Interval | None
     speedup: float | None  # vs the baseline at this level; null without a baseline
     speedup_ci: Interval | None
-    tie: bool  # not distinguishable from the winner: their difference's interval holds 0 (winner: False)
+    tie: bool  # in the level's tie set: not distinguishable from the winner (the winner: when one is)
     difference_ci: Interval | None  # winner's objective minus this one's (null for the winner)
     more_repeats: int | None  # about how many more repeats of both would separate a tie; null if none would
     error_rate: float | None  # failed requests / requests at this level, median over repeats
@@ -131,6 +164,8 @@ class LevelChoice:
     baseline_objective: float | None
     ranked: tuple[RankedConfig, ...]
     excluded: tuple[ExcludedConfig, ...]
+    tie_set: tuple[str, ...] = ()  # the winner and every config tied with it (the winner alone: no tie)
+    launches_to_separate: int | None = None  # launches of each that would separate a 1% difference in it
 
     @property
     def winner(self) -> RankedConfig | None:
@@ -152,6 +187,7 @@ class Selection:
     replicates: int
     levels: tuple[LevelChoice, ...]
     notes: tuple[str, ...]
+    launch_noise: LaunchNoise = LaunchNoise(DEFAULT_LAUNCH_NOISE, 0)  # what every interval carries
 
 
 @dataclass(frozen=True)
@@ -183,12 +219,14 @@ def select_best(
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
     roles: tuple[str, ...] = SWEEP_ROLES,
     axis: tuple[str, str] | None = None,
+    launch_noise: float | None = None,
 ) -> Selection:
     """Rank configs per level; see the module docstring for the statistics. A config whose error rate
     at a level exceeds ``max_error_rate`` is excluded there, with its rate as the reason. ``roles``:
     the jobs ranked (default the sweep's grid points; add "confirmation" to rank the adaptive launch
     beside them). ``axis``: (name, value) of a server axis: only the jobs run at that value are ranked,
-    against the baseline run at it."""
+    against the baseline run at it. ``launch_noise``: the relative sd assumed when no config was
+    repeated (default: the spec's ``launch_noise``, else ``DEFAULT_LAUNCH_NOISE``)."""
     out = as_store(out)
     metrics = {**METRICS_BY_NAME, **goodput_metrics(request_slos)}
     metric = _objective_metric(objective, metrics)
@@ -239,6 +277,9 @@ def select_best(
     baseline_label = baselines[0] if baselines else None
     ranked_jobs = {run.job_id for runs in runs_by_level.values() for run in runs}
     resampler = _Resampler(con, metric, replicates, seed, requests_of_jobs(out, ranked_jobs), confidence)
+    prior = spec_launch_noise(con) if launch_noise is None else launch_noise
+    noise = estimate_launch_noise(runs_by_level, metric, resampler, prior)
+    resampler.noise = noise.relative_sd
     choices = tuple(
         _choose_level(
             level, runs_by_level[level], metric, slos, baseline_label, resampler, notes, max_error_rate
@@ -257,7 +298,45 @@ def select_best(
         replicates=replicates,
         levels=choices,
         notes=tuple(notes),
+        launch_noise=noise,
     )
+
+
+def spec_launch_noise(con: duckdb.DuckDBPyConnection) -> float:
+    """The spec's ``launch_noise`` (the relative sd assumed when no config was repeated), read from the
+    sweep row's YAML; ``DEFAULT_LAUNCH_NOISE`` when the row or the field is absent."""
+    import yaml
+
+    rows = con.sql("SELECT spec_text FROM sweep").fetchall()
+    spec = yaml.safe_load(rows[0][0]) if rows and rows[0][0] else None
+    value = spec.get("launch_noise") if isinstance(spec, dict) else None
+    return float(value) if value is not None else DEFAULT_LAUNCH_NOISE
+
+
+def estimate_launch_noise(
+    runs_by_level: dict[str, list[_Run]], metric: Metric, resampler: _Resampler, prior: float
+) -> LaunchNoise:
+    """The launch-to-launch relative sd of ``metric`` from the repeated configs (see the module
+    docstring), or ``prior`` when none was repeated. A repeated config's launches differ by launch noise
+    and by each launch's own request sampling; the second is known from the request-level replicates,
+    so only the excess counts."""
+    excess, weights, repeated = 0.0, 0, set()
+    for level, runs in runs_by_level.items():
+        by_config: dict[str, list[_Run]] = {}
+        for run in runs:
+            by_config.setdefault(run.config_label, []).append(run)
+        for label, group in by_config.items():
+            values = [run.values.get(metric.name) for run in group]
+            if len(group) < 2 or any(v is None or not v > 0 for v in values):
+                continue
+            y = np.asarray(values, dtype=float)
+            within = [resampler.within_variance(level, run) / v**2 for run, v in zip(group, y, strict=True)]
+            excess += (len(group) - 1) * (float(np.var(y / y.mean(), ddof=1)) - float(np.mean(within)))
+            weights += len(group) - 1
+            repeated.add(label)
+    if not weights:
+        return LaunchNoise(prior, 0)
+    return LaunchNoise(math.sqrt(max(excess / weights, 0.0)), len(repeated))
 
 
 def check_bootstrap(confidence: float, replicates: int) -> None:
@@ -508,7 +587,37 @@ def _choose_level(
                 sglang_argv=first.sglang_argv,
             )
         )
-    return LevelChoice(level, baseline_label, baseline_objective, tuple(ranked), tuple(excluded))
+    tied = [r for r in ranked if r.rank == 1 or r.tie]
+    if len(tied) > 1:  # the winner is one of a tie set, not a winner by itself
+        ranked[0] = tied[0] = dataclasses.replace(ranked[0], tie=True)
+    return LevelChoice(
+        level,
+        baseline_label,
+        baseline_objective,
+        tuple(ranked),
+        tuple(excluded),
+        tie_set=tuple(r.config_label for r in tied),
+        launches_to_separate=_launches_to_separate(level, tied, by_config, metric, resampler)
+        if len(tied) > 1
+        else None,
+    )
+
+
+def _launches_to_separate(
+    level: str,
+    tied: list[RankedConfig],
+    by_config: dict[str, list[_Run]],
+    metric: Metric,
+    resampler: _Resampler,
+) -> int:
+    """Launches of each of two tied configs whose difference's interval would be narrower than a
+    ``SEPARATE_DIFFERENCE`` relative difference: n >= 2 z^2 (sigma^2 + w) / d^2, with sigma the launch
+    noise and w the tie set's mean within-launch relative variance (requests per launch as now)."""
+    z = NormalDist().inv_cdf(1 - (1 - resampler.confidence) / 2)
+    values = [(run, run.values.get(metric.name)) for r in tied for run in by_config[r.config_label]]
+    within = [resampler.within_variance(level, run) / v**2 for run, v in values if v]
+    variance = resampler.noise**2 + (float(np.mean(within)) if within else 0.0)
+    return max(1, math.ceil(2 * z**2 * variance / SEPARATE_DIFFERENCE**2))
 
 
 def _config_value(runs: list[_Run], name: str) -> float | None:
@@ -569,6 +678,21 @@ def _interval(replicates: np.ndarray, confidence: float) -> Interval:
     return Interval(float(low), float(high))
 
 
+def tie_text(level: LevelChoice, confidence: float) -> str | None:
+    """The level's tie set as the answer, with the launches that would separate a 1% difference; None
+    when the winner is alone."""
+    if len(level.tie_set) < 2:
+        return None
+    repeats = min(r.repeats for r in level.ranked if r.tie)
+    more = (level.launches_to_separate or 0) - repeats
+    separate = (
+        f"about {more} more launches of each would separate a {SEPARATE_DIFFERENCE:.0%} difference"
+        if more > 0
+        else f"a {SEPARATE_DIFFERENCE:.0%} difference would already be separated: they differ by less"
+    )
+    return f"tie: {', '.join(level.tie_set)} - not separable at {confidence:.0%}; {separate}"
+
+
 def share_text(value: float | None) -> str:
     """A share (an error rate) as a percentage, "-" when unknown."""
     return "-" if value is None else f"{value:.1%}"
@@ -598,19 +722,30 @@ class _Resampler:
         self._rng = np.random.default_rng(seed)
         self._samples: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] | None = None
         self._bins: dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._per_run: dict[tuple[str, str], np.ndarray] = {}
+        self.noise = 0.0  # launch noise (relative sd) each launch's replicates carry; set once estimated
 
     def replicates_of(self, level: str, runs: list[_Run]) -> np.ndarray:
-        """Replicates of the config's objective: per replicate, the median over its repeats.
-
-        With repeats the resample is two-stage, so launch-to-launch variance widens the interval: each
-        replicate draws as many launches as were run, with replacement, then uses each drawn launch's own
-        request-level replicate (a launch drawn twice contributes the same request resample twice).
-        """
-        per_run = np.stack([self._run_replicates(level, run) for run in runs])
-        if len(runs) > 1:
-            drawn = self._rng.integers(0, len(runs), size=(len(runs), self._replicates))
-            per_run = np.take_along_axis(per_run, drawn, axis=0)
+        """Replicates of the config's objective: per replicate, the median over its repeats of each
+        launch's request-level replicate times that launch's noise factor 1 + noise x Z."""
+        per_run = np.stack([self._cached(level, run) for run in runs])
+        if self.noise:
+            factors = 1 + self.noise * self._rng.standard_normal(per_run.shape)
+            per_run = per_run * np.maximum(factors, 0.0)
         return np.asarray(np.median(per_run, axis=0))
+
+    def within_variance(self, level: str, run: _Run) -> float:
+        """The variance of one launch's value from its request sampling alone (0 where none is known)."""
+        replicates = self._cached(level, run)
+        finite = replicates[np.isfinite(replicates)]
+        return float(np.var(finite)) if finite.size > 1 else 0.0
+
+    def _cached(self, level: str, run: _Run) -> np.ndarray:
+        """A launch's request-level replicates, drawn once: the noise estimate and its interval share them."""
+        key = (run.job_id, level)
+        if key not in self._per_run:
+            self._per_run[key] = self._run_replicates(level, run)
+        return self._per_run[key]
 
     def _run_replicates(self, level: str, run: _Run) -> np.ndarray:
         aggregate = self._metric.aggregate
@@ -772,7 +907,7 @@ class Measured:
     is_baseline: bool
     job_ids: tuple[str, ...]
     value: float | None  # median over repeats; null without one
-    replicates: np.ndarray  # per bootstrap replicate, two-stage (launches, then requests); NaN where none
+    replicates: np.ndarray  # per bootstrap replicate: requests resampled, launch noise drawn; NaN where none
     error_rate: float | None
     sglang_argv: tuple[str, ...] | None
 
@@ -785,6 +920,7 @@ class Measurements:
     metric: Metric
     levels: dict[str, dict[str, Measured]]
     notes: tuple[str, ...]
+    launch_noise: LaunchNoise  # carried by every replicate
 
 
 def measure_configs(
@@ -834,6 +970,8 @@ def measure_configs(
             for level, runs in runs_by_level.items()
         }
     resampler = _Resampler(con, metric, replicates, seed, requests, DEFAULT_CONFIDENCE)
+    noise = estimate_launch_noise(runs_by_level, metric, resampler, spec_launch_noise(con))
+    resampler.noise = noise.relative_sd
     levels: dict[str, dict[str, Measured]] = {}
     for level in order_levels(con, list(runs_by_level)):
         by_config: dict[str, list[_Run]] = {}
@@ -851,4 +989,4 @@ def measure_configs(
             )
             for label, runs in sorted(by_config.items())
         }
-    return Measurements(sweep_id, metric, levels, tuple(notes))
+    return Measurements(sweep_id, metric, levels, tuple(notes), noise)

@@ -4,7 +4,8 @@ Files (each written under a temporary name and renamed; when one cannot be writt
 written by this call are removed again and the error is one line naming DIR):
 
 - ``DIR/deploy.json``: the weights, the static and adaptive candidates with their mix scores, both
-  launch argvs and their validation, which one is recommended, and the drafter's provenance;
+  launch argvs and their validation, which one is recommended, the candidates tied on the mix (``tie``)
+  and why the simpler launch was preferred inside a tie (``preference``), and the drafter's provenance;
 - ``DIR/launch.sh``: the recommended launch as one shell line; for a server over N nodes
   (``nodes_per_server``) instead ``DIR/launch-rank0.sh`` .. ``launch-rank<N-1>.sh``, one per node, each
   taking rank 0's ``HOST:PORT`` from ``$DIST_INIT_ADDR`` (every rank validated with SGLang's resolver);
@@ -98,6 +99,11 @@ def emit(
         "request_slos": list(selection.request_slos),
         "weights": deployment.weights,
         "recommended": confirmation.recommended if confirmation else deployment.recommended,
+        "tie": list(deployment.tie),
+        "preference": [
+            *deployment.preference,
+            *([confirmation.preference] if confirmation and confirmation.preference else []),
+        ],
         "confirmation": dataclasses.asdict(confirmation) if confirmation else None,
         "static": {
             **dataclasses.asdict(deployment.static),
@@ -282,6 +288,9 @@ def describe(result: dict[str, Any], dest: Path) -> str:
             lines.append(f"      gives up at {level}: {what}")
     else:
         lines.append(f"   adaptive: none ({result['adaptive_note']})")
+    if result["tie"]:
+        lines.append(f"   tie on the mix: {', '.join(result['tie'])}")
+    lines.extend(f"   prefer: {why}" for why in result["preference"])
     if result["drafter"] is not None:
         publish = result["drafter"]["publish_command"]
         lines.append(

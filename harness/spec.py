@@ -198,7 +198,7 @@ class RequestSlo(StrictModel):
 
 
 # Spec fields that only say how to read the results: they do not change what a sweep measures.
-ANALYSIS_FIELDS: frozenset[str] = frozenset({"request_slo", "deploy_weights"})
+ANALYSIS_FIELDS: frozenset[str] = frozenset({"request_slo", "deploy_weights", "launch_noise"})
 
 
 class SweepSpec(StrictModel):
@@ -293,6 +293,13 @@ class SweepSpec(StrictModel):
         default_factory=dict,
         description="The deployment's load mix for `best --emit`: weight per load level name (e.g. "
         '"concurrency=16": 0.5); empty = every level alike. Not part of the sweep id.',
+    )
+    launch_noise: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        default=None,
+        description="Launch-to-launch relative sd of a level metric that `best`, `report`, `compare` and "
+        "the capacity table assume when no config was repeated (e.g. 0.02: two launches of one config "
+        "differ by about 2%); with repeats >= 2 it is measured instead. Default 0.02. Not part of the "
+        "sweep id.",
     )
 
     lossless_check: bool = Field(

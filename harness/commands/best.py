@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from analysis.confirmation import Confirmation
-    from analysis.select import LevelChoice, Selection
+    from analysis.select import Selection
     from analysis.slo import Slo
     from analysis.store import ResultStore
     from harness.deploy_launch import DeployLaunch
@@ -459,7 +459,7 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     When no probe of any config met the SLOs there is no capacity and no launch to recommend: the ranking
     is shown (each config's bound), then that is a ResultsError (exit 2), as ``--emit`` refuses when no
     config meets the SLOs."""
-    from analysis.capacity import capacity_text, rank_by_capacity
+    from analysis.capacity import bracket_text, capacity_text, rank_by_capacity, tie_text
     from analysis.views import check_current_inputs
 
     _refuse_emit(
@@ -484,11 +484,17 @@ def _run_capacity(args: argparse.Namespace, store: ResultStore) -> int:
     else:
         lines = [f"ranked by capacity under SLO ({first.kind}, highest is better); SLOs: {first.slo}"]
         lines.extend(f"note: {note}" for note in notes)
-        lines.append(f"   {'#':>2}  {'config':<22} {'capacity':>24} {'launches':>8} {'probes':>6}")
+        lines.append(
+            f"   {'#':>2}  {'config':<22} {'capacity':>24} {'bracket':>16} {'launches':>8} {'probes':>6}  note"
+        )
         for c in choices:
             lines.append(
-                f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {c.launches:>8} {c.probes:>6}"
+                f"   {c.rank:>2}  {c.config_label:<22} {capacity_text(c):>24} {bracket_text(c):>16} "
+                f"{c.launches:>8} {c.probes:>6}  {'tie' if c.tie else ''}".rstrip()
             )
+        tie = tie_text(choices)
+        if tie:
+            lines.append(f"   {tie}")
         if first.capacity is not None:
             lines.extend(launch_lines(launches.get(first.config_label)))
         print("\n".join(lines))
@@ -533,7 +539,7 @@ def format_selection(
     """The human-readable ranking: one block per load level, each winner with its deploy launch; a config
     the lossless check flagged (``lossy``: label -> why) is ranked as measured and marked."""
     from analysis.lossless import LOSSY_MARK
-    from analysis.select import share_text
+    from analysis.select import share_text, tie_text
 
     slos = ", ".join(selection.slos) or "none"
     confidence = f"{selection.confidence:.0%}"
@@ -541,7 +547,8 @@ def format_selection(
     lines = [
         f"sweep {selection.sweep_id}: ranked by {selection.objective} ({selection.objective_unit}, "
         f"{selection.better} is better); SLOs: {slos}; error rate at most {selection.max_error_rate:.1%}; "
-        f"{confidence} intervals from {selection.replicates} bootstrap resamples of launches and requests",
+        f"{confidence} intervals from {selection.replicates} bootstrap resamples of requests and "
+        f"{selection.launch_noise.text}",
     ]
     if goodput:
         lines.append(f"goodput: requests that succeeded with {' and '.join(selection.request_slos)}")
@@ -566,7 +573,7 @@ def format_selection(
             lines.append(header)
         for r in level.ranked:
             ci = f"[{r.speedup_ci.low:.3f}, {r.speedup_ci.high:.3f}]" if r.speedup_ci else "-"
-            note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
+            note = "tie" if r.tie else ("winner" if r.rank == 1 else "")
             if r.is_baseline:
                 note = (note + " baseline").strip()
             if r.config_label in (lossy or {}):
@@ -577,7 +584,9 @@ def format_selection(
                 f"   {r.rank:>2}  {r.config_label:<22} {_fixed(r.objective):>22} {_fixed(r.objective_mad):>8} "
                 f"{share_text(r.error_rate):>7}{goodput_cells} {speedup:>8}  {ci:<16} {note}"
             )
-        lines.extend(_undecided(level, confidence))
+        tie = tie_text(level, selection.confidence)
+        if tie:
+            lines.append(f"   {tie}")
         for e in level.excluded:
             lines.append(
                 f"   excluded {e.config_label} (errors {share_text(e.error_rate)}): {'; '.join(e.reasons)}"
@@ -623,25 +632,9 @@ def format_confirmation(confirmation: Confirmation, selection: Selection) -> str
             else ""
         )
     )
-    lines.append(f"   recommended: {confirmation.recommended} (the higher measured mix score)")
+    why = confirmation.preference or "the separably higher measured mix score"
+    lines.append(f"   recommended: {confirmation.recommended} ({why})")
     return "\n".join(lines)
-
-
-def _undecided(level: LevelChoice, confidence: str) -> list[str]:
-    """Say so when the winner is not distinguishable from the runner-up, instead of a winner by a hair."""
-    if len(level.ranked) < 2 or not level.ranked[1].tie:
-        return []
-    winner, second = level.ranked[0], level.ranked[1]
-    diff = second.difference_ci
-    span = f" (difference {_num(diff.low)} to {_num(diff.high)})" if diff else ""
-    more = (
-        f"about {second.more_repeats} more repeat(s) of each would likely separate them"
-        if second.more_repeats is not None
-        else "more repeats are unlikely to separate them: for practical purposes they are equal"
-    )
-    return [
-        f"   not distinguishable at {confidence}: {winner.config_label!r} and {second.config_label!r}{span}; {more}"
-    ]
 
 
 COMMAND = Command(

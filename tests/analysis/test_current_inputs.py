@@ -157,7 +157,8 @@ def test_best_by_category_pools_current_jobs_only_when_earlier_inputs_present(
 
 
 def test_report_capacity_counts_current_launches_only_when_earlier_inputs_present(results: Path) -> None:
-    """The report's capacity table credits chain d=4 with its current launches only."""
+    """The report's capacity table credits chain d=4 with its current launches only: capacity 36, bracket
+    from 36 to its highest lowest failing load 45, widened by 1.96 x 2% ([34.6, 46.8]), 2 launches."""
     con = connect(results)
     try:
         page = render_report(con, select_best(con, results, replicates=100), launches=deploy_launches(con))
@@ -165,7 +166,7 @@ def test_report_capacity_counts_current_launches_only_when_earlier_inputs_presen
         con.close()
     section = page.split("<section id='capacity'>", 1)[1].split("</section>", 1)[0]
     row = section.split("<td class='label'>chain d=4</td>", 1)[1]
-    assert row.startswith("<td>36 req/s</td><td>2</td>"), row[:80]
+    assert row.startswith("<td>36 req/s</td><td>[34.6, 46.8]</td><td>2</td>"), row[:80]
 
 
 def test_best_json_has_no_confirmation_when_the_only_one_measured_earlier_inputs(

@@ -80,5 +80,5 @@ def test_select_best_reports_near_tie_as_not_distinguishable_when_launches_diffe
         timeout=120,
         check=True,
     ).stdout
-    assert "not distinguishable at 95%: 'chain d=4' and 'chain d=5'" in text
-    assert re.search(r"about \d+ more repeat\(s\) of each would likely separate them", text)
+    assert "tie: chain d=4, chain d=5 - not separable at 95%" in text
+    assert re.search(r"about \d+ more launches of each would separate a 1% difference", text)

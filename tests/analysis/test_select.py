@@ -219,12 +219,13 @@ def test_select_best_ranks_a_rate_objective_at_an_open_loop_level_with_the_multi
 ) -> None:
     """At an open-loop level a rate objective is resampled per request (no latency cells): the winner is
     the true best, the speedup intervals cover the truth, and each config's interval is the bootstrap of
-    a sum over its n requests: centred on the objective, half-width z * sd(value) * sqrt(n) / duration."""
+    a sum over its n requests: centred on the objective, half-width z * sd(value) * sqrt(n) / duration
+    (with no launch noise assumed, so the interval is the request-level one alone)."""
     sweep = clear_sweep(concurrencies=(16,), requests_per_level=600)
     write_sweep(tmp_path, sweep)
     level_name = as_open_loop(tmp_path, 8.0)
     con = connect(tmp_path)
-    (level,) = select_best(con, tmp_path).levels
+    (level,) = select_best(con, tmp_path, launch_noise=0.0).levels
     assert level.load_level == level_name
     truth = max(sweep.configs, key=lambda c: sweep.true_output_tok_s_per_gpu(c, 16))
     assert level.winner is not None and level.winner.config_label == truth.label
