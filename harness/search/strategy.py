@@ -28,7 +28,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from harness.search.model import (
+    NOISE_PRIOR,
+    UNKNOWN_CAPACITY,
     Candidate,
+    Capacity,
     Observation,
     Prediction,
     Z,
@@ -36,9 +39,13 @@ from harness.search.model import (
     chain_acceptance,
     fit_gain,
     fit_steps,
+    fit_tree_correction,
+    launch_noise,
+    measured_interval,
+    quantile,
+    residual_at,
+    tree_inputs,
 )
-
-MEASUREMENT_NOISE = 0.02  # relative sd of one launch's throughput at one level, before residuals say more
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,9 @@ class LevelBelief:
     best_label: str | None  # best measured config (None: nothing measured yet)
     best_throughput: float | None
     contenders: tuple[str, ...]  # labels whose interval still reaches the best (launched or not)
+    # config_ids of the answer set, best first: the best measured and every measured config whose
+    # difference from it is not resolved at 95% with launch noise (one when decided; empty: none measured)
+    tie: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +90,7 @@ class Decision:
     reason: str
     finished: bool  # nothing more to launch and nothing in flight
     levels: tuple[LevelBelief, ...]
+    launch_noise: float = NOISE_PRIOR  # relative sd of one launch's mean (repeats pooled with the prior)
 
 
 def _subspaces(candidates: tuple[Candidate, ...]) -> list[tuple[Candidate, ...]]:
@@ -90,10 +101,14 @@ def _subspaces(candidates: tuple[Candidate, ...]) -> list[tuple[Candidate, ...]]
     return [tuple(group) for group in groups.values()]
 
 
-def predictions(state: SearchState, noise: float = MEASUREMENT_NOISE) -> dict[tuple[str, str], Prediction]:
-    """Throughput interval of every candidate at every level: measured ones from their launches,
-    the others from the model (see harness.search.model), fitted within each server-axis setting on its
-    own: the model has no term for an axis, so it carries nothing from one setting to another."""
+def predictions(
+    state: SearchState, noise: tuple[float, int] | None = None
+) -> dict[tuple[str, str], Prediction]:
+    """Throughput interval of every candidate at every level: measured ones from their launches and
+    the launch noise (``noise``: relative sd and its degrees of freedom; estimated from the repeats when
+    None), the others from the model (see harness.search.model), fitted within each server-axis setting
+    on its own: the model has no term for an axis, so it carries nothing from one setting to another."""
+    noise = noise or launch_noise(list(state.observations))
     out: dict[tuple[str, str], Prediction] = {}
     for group in _subspaces(state.candidates):
         ids = {c.config_id for c in group}
@@ -102,39 +117,57 @@ def predictions(state: SearchState, noise: float = MEASUREMENT_NOISE) -> dict[tu
     return out
 
 
-def _predictions_within(state: SearchState, noise: float) -> dict[tuple[str, str], Prediction]:
+def _capacities(cands: dict[str, Candidate], obs: list[Observation]) -> dict[str, Capacity]:
+    """Each candidate's batches: what its own launch reported, else what a launch of the same kind
+    (speculative or not) reported in this setting (SGLang pads and caps by kind), else unknown."""
+    reported = {o.config_id: o.capacity for o in obs if o.capacity is not None}
+    by_kind: dict[bool, Capacity] = {}
+    for cid, capacity in reported.items():
+        by_kind.setdefault(cands[cid].speculative, capacity)
+    return {
+        cid: reported.get(cid) or by_kind.get(cand.speculative, UNKNOWN_CAPACITY)
+        for cid, cand in cands.items()
+    }
+
+
+def _predictions_within(state: SearchState, noise: tuple[float, int]) -> dict[tuple[str, str], Prediction]:
     """``predictions`` for candidates that share one server-axis setting."""
     cands = {c.config_id: c for c in state.candidates}
     obs = list(state.observations)
     names = tuple(name for name, _ in state.levels)
     q_by_level = {name: chain_acceptance(cands, obs, name) for name in names}
     gain, gain_low, gain_high = fit_gain(cands, obs, q_by_level)
-    fit = fit_steps(cands, obs, names, noise)
+    correction = fit_tree_correction(cands, obs, q_by_level, gain, noise[0])
+    capacity_of = _capacities(cands, obs)
+    fit = fit_steps(cands, obs, names, noise[0], capacity_of)
     measured: dict[tuple[str, str], list[float]] = defaultdict(list)
     for o in obs:
         for result in o.levels:
             measured[(o.config_id, result.level)].append(result.throughput)
     out: dict[tuple[str, str], Prediction] = {}
     for cand in state.candidates:
-        for name, batch in state.levels:
+        capacity = capacity_of[cand.config_id]
+        for name, clients in state.levels:
             values = measured.get((cand.config_id, name))
             if values:
-                mean = sum(values) / len(values)
-                half = Z * noise * mean / math.sqrt(len(values))
-                out[(cand.config_id, name)] = Prediction(mean, mean - half, mean + half, True)
+                out[(cand.config_id, name)] = measured_interval(values, *noise)
                 continue
             q = q_by_level[name]
             last = q[-1] if q else 1.0
             if cand.speculative:
-                a_point = accept_length(cand, q, gain, extrapolate=last)
-                a_low = accept_length(cand, q, gain_low, extrapolate=0.0)
-                a_high = accept_length(cand, q, gain_high, extrapolate=last)
+                shift, spread = 0.0, 0.0
+                if correction is not None and not cand.is_chain:  # the law, as wrong as on measured trees
+                    shift, spread = residual_at(correction, tree_inputs(cand))
+                a_point = accept_length(cand, q, gain, extrapolate=last) * math.exp(shift)
+                a_low = accept_length(cand, q, gain_low, extrapolate=0.0) * math.exp(shift - Z * spread)
+                a_high = accept_length(cand, q, gain_high, extrapolate=last) * math.exp(shift + Z * spread)
             else:
                 a_point = a_low = a_high = 1.0
-            y, sd = fit.predict(cand, name, batch, a_point)
-            point = a_point * batch / y if y > 0 else math.inf
-            low = a_low * batch / (y + Z * sd) if y + Z * sd > 0 else 0.0
-            high = a_high * batch / (y - Z * sd) if y - Z * sd > 0 else math.inf
+            y, rel = fit.predict(cand, capacity, name, clients, a_point)
+            running = capacity.running(clients)
+            point = a_point * running / y if y > 0 else math.inf
+            low = a_low * running / (y * (1.0 + Z * rel)) if y > 0 else 0.0
+            high = a_high * running / (y * (1.0 - Z * rel)) if y > 0 and Z * rel < 1.0 else math.inf
             out[(cand.config_id, name)] = Prediction(point, min(low, point), max(high, point), False)
     return out
 
@@ -183,39 +216,87 @@ def _budget_left(state: SearchState, budget: Budget) -> int | None:
 
 def propose(state: SearchState, free: int, budget: Budget, tolerance: float) -> Decision:
     """The next at most ``free`` launches (see the module docstring for the rounds)."""
-    preds = predictions(state)
-    beliefs, contention = _beliefs(state, preds, tolerance)
+    noise = launch_noise(list(state.observations))
+    preds = predictions(state, noise)
+    ties = {name: tie_set(state, name, noise) for name, _ in state.levels}
+    beliefs, contention = _beliefs(state, preds, ties, tolerance)
     touched = {cid for cid, _ in state.in_flight} | {o.config_id for o in state.observations} | state.failed
     allowed = free if (left := _budget_left(state, budget)) is None else min(free, left)
     idle = not state.in_flight
+
+    def decision(launches: list[tuple[str, int]], reason: str, finished: bool) -> Decision:
+        return Decision(tuple(launches), reason, finished, beliefs, noise[0])
+
     if left == 0:
-        return Decision((), "budget spent", idle, beliefs)
+        return decision([], "budget spent", idle)
     if allowed <= 0:
-        return Decision((), "no free slot", False, beliefs)
+        return decision([], "no free slot", False)
     seeds = [(c.config_id, 0) for c in seed_order(state.candidates) if c.config_id not in touched]
     if seeds:
-        return Decision(tuple(seeds[:allowed]), "seed", False, beliefs)
-    fresh = [cid for cid in contention if cid not in touched]
+        return decision(seeds[:allowed], "seed", False)
+    fresh = [(cid, 0) for cid in contention if cid not in touched]
     if fresh:
-        return Decision(tuple((cid, 0) for cid in fresh[:allowed]), "in contention", False, beliefs)
-    repeats = _next_repeats(state, preds, tolerance)
+        return decision(fresh[:allowed], "in contention", False)
+    repeats = _next_repeats(state, ties, noise, tolerance)
     if repeats:
-        return Decision(tuple(repeats[:allowed]), "repeat of a tied config", False, beliefs)
-    return Decision((), "settled" if idle else "waiting for launches in flight", idle, beliefs)
+        return decision(repeats[:allowed], "repeat of a tied config", False)
+    return decision([], "settled" if idle else "waiting for launches in flight", idle)
+
+
+def _launches_at(state: SearchState, level: str) -> dict[str, list[float]]:
+    """Each measured config's throughputs at ``level``, one per launch (configs failed for good left out)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for o in state.observations:
+        if o.config_id in state.failed:
+            continue
+        for result in o.levels:
+            if result.level == level:
+                values[o.config_id].append(result.throughput)
+    return values
+
+
+def _unresolved(best: list[float], other: list[float], noise: tuple[float, int]) -> tuple[float, float]:
+    """(difference of the means, its 95% half-width with launch noise) of two configs' launches."""
+    mb, mo = sum(best) / len(best), sum(other) / len(other)
+    half = quantile(noise[1]) * noise[0] * math.sqrt(mb**2 / len(best) + mo**2 / len(other))
+    return mb - mo, half
+
+
+def tie_set(state: SearchState, level: str, noise: tuple[float, int]) -> tuple[str, ...]:
+    """The answer at ``level``, best first: the best measured config and every measured config whose
+    shortfall from it is within the 95% half-width of a difference of two means with launch noise."""
+    values = _launches_at(state, level)
+    order = sorted(values, key=lambda cid: -sum(values[cid]) / len(values[cid]))
+    if not order:
+        return ()
+    best = values[order[0]]
+    return (
+        order[0],
+        *(
+            cid
+            for cid in order[1:]
+            if _unresolved(best, values[cid], noise)[0] < _unresolved(best, values[cid], noise)[1]
+        ),
+    )
 
 
 def _beliefs(
-    state: SearchState, preds: dict[tuple[str, str], Prediction], tolerance: float
+    state: SearchState,
+    preds: dict[tuple[str, str], Prediction],
+    ties: dict[str, tuple[str, ...]],
+    tolerance: float,
 ) -> tuple[tuple[LevelBelief, ...], list[str]]:
-    """Per level, the best measured config and the contenders; plus the unlaunched contenders of any
-    level, highest predicted gain over the best first. A launch in flight predicted to beat a contender
-    raises that contender's bar: it is launched only if it may still beat the launch in flight."""
+    """Per level, the best measured config, its tie set and the contenders (the tie set plus the
+    unlaunched configs that may beat the best); plus the unlaunched contenders of any level, highest
+    predicted gain over the best first. A launch in flight predicted to beat a contender raises that
+    contender's bar: it is launched only if it may still beat the launch in flight."""
     labels = {c.config_id: c.label for c in state.candidates}
     flying = {cid for cid, _ in state.in_flight}
     gain: dict[str, float] = {}
     beliefs = []
     for name, _ in state.levels:
-        best = _best_measured(preds, name)
+        best = _best_measured(preds, name, state.failed)
+        tied = set(ties[name])
         awaited = max((preds[(cid, name)].point for cid in flying), default=0.0)
         contenders = []
         for cand in state.candidates:
@@ -225,7 +306,7 @@ def _beliefs(
             if best is None:
                 in_play, ratio = True, math.inf
             elif p.measured:
-                in_play, ratio = cand.config_id == best[0] or p.high >= best[1].low, 0.0
+                in_play, ratio = cand.config_id in tied, 0.0
             else:
                 in_play, ratio = p.high > best[1].point * (1.0 + tolerance), p.point / best[1].point
             if not in_play:
@@ -239,6 +320,7 @@ def _beliefs(
                 best_label=labels[best[0]] if best else None,
                 best_throughput=best[1].point if best else None,
                 contenders=tuple(contenders),
+                tie=ties[name],
             )
         )
     order = sorted(gain, key=lambda cid: -gain[cid])
@@ -246,37 +328,39 @@ def _beliefs(
 
 
 def _next_repeats(
-    state: SearchState, preds: dict[tuple[str, str], Prediction], tolerance: float
+    state: SearchState, ties: dict[str, tuple[str, ...]], noise: tuple[float, int], tolerance: float
 ) -> list[tuple[str, int]]:
-    """The next repeat of every measured config still tied with its level's best, most promising first."""
-    if state.repeats <= 1:
-        return []
+    """The next repeat of every config in a tie that matters: one whose difference from its level's
+    best is unresolved and may exceed ``tolerance`` either way (the best is repeated too: its lead may
+    be its own launch's luck). Fewest launches first, then the closest to the best."""
     runs: dict[str, int] = defaultdict(int)
     for o in state.observations:
         runs[o.config_id] += 1
     flying = {cid for cid, _ in state.in_flight}
     wanted: dict[str, float] = {}
     for name, _ in state.levels:
-        best = _best_measured(preds, name)
-        if best is None:
+        tie = ties[name]
+        if len(tie) < 2:
             continue
-        tied = [
-            (cid, p)
-            for (cid, lv), p in preds.items()
-            if lv == name
-            and p.measured
-            and cid not in state.failed
-            and p.high >= best[1].low * (1.0 + tolerance)
-        ]
-        if len(tied) < 2:  # the best alone: nothing to tell apart
-            continue
-        for cid, p in tied:
-            if runs[cid] < state.repeats and cid not in flying:
-                wanted[cid] = max(wanted.get(cid, 0.0), p.point / best[1].point)
-    return [(cid, runs[cid]) for cid in sorted(wanted, key=lambda c: -wanted[c])]
+        values = _launches_at(state, name)
+        best = values[tie[0]]
+        bar = tolerance * sum(best) / len(best)
+        for cid in tie[1:]:
+            diff, half = _unresolved(best, values[cid], noise)
+            if diff + half <= bar and diff - half >= -bar:  # equivalent within tolerance: either will do
+                continue
+            for pick in (tie[0], cid):
+                share = (sum(values[pick]) / len(values[pick])) / (sum(best) / len(best))
+                wanted[pick] = max(wanted.get(pick, 0.0), share)
+    eligible = [cid for cid in wanted if runs[cid] < state.repeats and cid not in flying]
+    return [(cid, runs[cid]) for cid in sorted(eligible, key=lambda c: (runs[c], -wanted[c]))]
 
 
-def _best_measured(preds: dict[tuple[str, str], Prediction], level: str) -> tuple[str, Prediction] | None:
+def _best_measured(
+    preds: dict[tuple[str, str], Prediction], level: str, failed: frozenset[str] = frozenset()
+) -> tuple[str, Prediction] | None:
     """The measured config with the highest mean throughput at ``level``."""
-    measured = [(cid, p) for (cid, lv), p in preds.items() if lv == level and p.measured]
+    measured = [
+        (cid, p) for (cid, lv), p in preds.items() if lv == level and p.measured and cid not in failed
+    ]
     return max(measured, key=lambda item: item[1].point, default=None)
