@@ -426,10 +426,17 @@ def fit_steps(
     if dof > 0:
         cov = cov * max(1.0 if dof < MIN_DOF else MIN_NOISE_SCALE, sse / dof)
     residual = None
-    if len(points) >= MIN_RESIDUALS:
-        inputs = np.array([residual_inputs(c, cap, clients) for c, cap, _, clients, _, _ in points])
-        logs = np.log(y / np.maximum(X @ mean, 1e-12))
-        residual = fit_residual(inputs, logs, noise)
+    logs = np.log(y / np.maximum(X @ mean, 1e-12))
+    pooled: dict[tuple[str, str], list[int]] = {}  # a config's repeats at a level: one mean residual
+    for i, (cand, _, level, _, _, _) in enumerate(points):
+        pooled.setdefault((cand.config_id, level), []).append(i)
+    if len(pooled) >= MIN_RESIDUALS:
+        rows = list(pooled.values())
+        firsts = [points[r[0]] for r in rows]
+        inputs = np.array(
+            [residual_inputs(cand, capacity, clients) for cand, capacity, _, clients, _, _ in firsts]
+        )
+        residual = fit_residual(inputs, np.array([logs[r].mean() for r in rows]), noise)
     return StepFit(levels, mean, cov, knee, residual)
 
 

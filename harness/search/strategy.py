@@ -27,6 +27,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from threadpoolctl import threadpool_limits
+
 from harness.search.model import (
     NOISE_PRIOR,
     UNKNOWN_CAPACITY,
@@ -110,10 +112,11 @@ def predictions(
     on its own: the model has no term for an axis, so it carries nothing from one setting to another."""
     noise = noise or launch_noise(list(state.observations))
     out: dict[tuple[str, str], Prediction] = {}
-    for group in _subspaces(state.candidates):
-        ids = {c.config_id for c in group}
-        own = tuple(o for o in state.observations if o.config_id in ids)
-        out |= _predictions_within(dataclasses.replace(state, candidates=group, observations=own), noise)
+    with threadpool_limits(limits=1):  # matrices of a few hundred rows: BLAS threads only contend
+        for group in _subspaces(state.candidates):
+            ids = {c.config_id for c in group}
+            own = tuple(o for o in state.observations if o.config_id in ids)
+            out |= _predictions_within(dataclasses.replace(state, candidates=group, observations=own), noise)
     return out
 
 
