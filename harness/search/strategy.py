@@ -333,9 +333,10 @@ def _beliefs(
 def _next_repeats(
     state: SearchState, ties: dict[str, tuple[str, ...]], noise: tuple[float, int], tolerance: float
 ) -> list[tuple[str, int]]:
-    """The next repeat of every config in a tie that matters: one whose difference from its level's
-    best is unresolved and may exceed ``tolerance`` either way (the best is repeated too: its lead may
-    be its own launch's luck). Fewest launches first, then the closest to the best."""
+    """The next repeat of the configs of every tie that matters: one where the expected shortfall of the
+    best measured config from the others of its tie set (``_shortfall``, summed) exceeds ``tolerance``
+    of its mean. The best is repeated too (its lead may be its own launch's luck). Fewest launches
+    first, then the largest shortfall."""
     runs: dict[str, int] = defaultdict(int)
     for o in state.observations:
         runs[o.config_id] += 1
@@ -343,20 +344,29 @@ def _next_repeats(
     wanted: dict[str, float] = {}
     for name, _ in state.levels:
         tie = ties[name]
-        if len(tie) < 2:
-            continue
         values = _launches_at(state, name)
-        best = values[tie[0]]
-        bar = tolerance * sum(best) / len(best)
-        for cid in tie[1:]:
-            diff, half = _unresolved(best, values[cid], noise)
-            if diff + half <= bar and diff - half >= -bar:  # equivalent within tolerance: either will do
-                continue
+        best = values[tie[0]] if tie else []
+        losses = {cid: _shortfall(best, values[cid], noise[0]) for cid in tie[1:]}
+        if sum(losses.values()) <= tolerance * (sum(best) / len(best) if best else 0.0):
+            continue
+        for cid, loss in losses.items():
             for pick in (tie[0], cid):
-                share = (sum(values[pick]) / len(values[pick])) / (sum(best) / len(best))
-                wanted[pick] = max(wanted.get(pick, 0.0), share)
+                wanted[pick] = max(wanted.get(pick, 0.0), loss)
     eligible = [cid for cid in wanted if runs[cid] < state.repeats and cid not in flying]
     return [(cid, runs[cid]) for cid in sorted(eligible, key=lambda c: (runs[c], -wanted[c]))]
+
+
+def _shortfall(best: list[float], other: list[float], noise: float) -> float:
+    """E[max(0, other's true mean - best's true mean)]: what answering ``best`` may cost against
+    ``other``, the difference of the means normal with launch noise."""
+    mb, mo = sum(best) / len(best), sum(other) / len(other)
+    sd = noise * math.sqrt(mb**2 / len(best) + mo**2 / len(other))
+    if sd <= 0:
+        return max(0.0, mo - mb)
+    z = (mo - mb) / sd
+    return sd * math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) + (mo - mb) * 0.5 * math.erfc(
+        -z / math.sqrt(2.0)
+    )
 
 
 def _best_measured(
