@@ -10,13 +10,18 @@ Pure functions over what a sweep measures (no I/O, no clocks, no simulator). Two
   ``j`` ``c_j`` candidates (extra nodes to the shallowest depths, at most topk per depth) and accepts it
   with ``1 - (1 - q_j) ** (1 + g (c_j - 1))``; the sibling gain ``g`` in [0, 1] is fitted to the trees
   measured so far (before any: the whole range).
-- Step time. One verify step of a batch of ``B`` requests costs ``c0 + c1 D + c2 B D k + c3 B V`` for
-  ``D`` draft passes (steps + 1; 0 without speculation), topk ``k`` and ``V`` verified tokens (draft
-  tokens; 1 without speculation); the costs are the hardware's, shared by every level. A closed-loop
-  level of ``B`` clients then delivers ``T = a B / y`` output tokens/s with ``y = step + K_L a`` (``K_L``:
-  that level's per-request prefill and scheduling time spread over the output length). A weighted
-  Bayesian linear fit of ``y`` over every (config, level) measured gives a mean and a variance for the
-  ``y`` of every config not yet launched.
+- Step time. ``b = min(B, cap)`` of ``B`` closed-loop clients decode together, padded to ``P``, the
+  next CUDA-graph batch size the launch captured (eager above the largest): what each launch reports in
+  ``/server_info`` (``Capacity``). One verify step costs ``c0 + c1 D + c2 P D k + c3 P V + c4 e D +
+  c5 max(0, P V - knee)`` for ``D`` draft passes (steps + 1; 0 without speculation), topk ``k``, ``V``
+  verified tokens (draft tokens; 1 without speculation), ``e`` 1 when eager; the knee is kept only when
+  the data ask for it. A closed-loop level then delivers ``T = a b / y`` output tokens/s with ``y = step
+  + K_L a`` (``K_L``: that level's per-request prefill and scheduling time spread over the output
+  length). A weighted Bayesian linear fit of ``y`` over every (config, level) measured gives a mean and a
+  variance for the ``y`` of every config not yet launched; a Gaussian process on the fit's log residuals
+  corrects it near measurements and widens it away from them.
+- Launch noise. One launch's mean throughput at a level is off its config's true mean by a relative sd
+  that repeats estimate (``launch_noise``); every measured interval and the fit's weights use it.
 """
 
 from __future__ import annotations

@@ -13,11 +13,13 @@ Rounds, in order:
 2. Contention: a config not yet launched stays in contention while its predicted interval reaches
    above the best measured throughput (times ``1 + tolerance``) at some level; those are launched,
    highest predicted gain first.
-3. Successive halving over repeats: measured configs whose interval still overlaps the best's at some
-   level get their next repeat (up to the spec's ``repeats``); the others are settled.
+3. Repeats of the tie sets that matter: a level's tie set is its best measured config and every
+   measured config whose shortfall from it is not resolved at 95% with launch noise; while answering
+   the best may cost more than ``tolerance`` (the expected shortfall summed over its tie set), its
+   tied configs are repeated, fewest launches first (up to the spec's ``repeats``).
 
 The search ends when nothing is in contention and nothing is in flight, or when the budget is spent;
-each level's answer is its best measured config (never a prediction).
+each level's answer is its tie set of measured configs (never a prediction), best first.
 """
 
 from __future__ import annotations
