@@ -45,7 +45,7 @@ GAIN_GRID = np.linspace(0.0, 1.0, 101)
 MIN_DOF = 5  # residual degrees of freedom before the residuals may also narrow the assumed noise
 MIN_NOISE_SCALE = 0.25  # ... down to half the assumed sd at most
 NOISE_PRIOR = 0.02  # relative sd of one launch's mean throughput at a level, before repeats say more
-NOISE_PRIOR_DOF = 8  # ... worth this many degrees of freedom of repeats
+NOISE_PRIOR_DOF = 4  # ... worth this many degrees of freedom of repeats
 KNEES = (64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0)  # compute knees tried, in verified tokens
 KNEE_EVIDENCE = 6.0  # weighted squared residuals a knee must remove to be kept (one parameter more)
 MIN_RESIDUALS = 4  # (config, level) measurements before the residual process is fitted
@@ -323,18 +323,20 @@ class StepFit:
     knee: float | None
     residual: GaussianProcessRegressor | None  # log(measured y / structure's y) over residual_inputs
 
-    def row(self, cand: Candidate, capacity: Capacity, level: str, clients: int, accept: float) -> np.ndarray:
+    def row(
+        self, cand: Candidate, level: str, clients: int, accept: float, capacity: Capacity = UNKNOWN_CAPACITY
+    ) -> np.ndarray:
         x = np.zeros(STEP_TERMS + len(self.levels))
         x[:STEP_TERMS] = step_row(cand, capacity, clients, self.knee)
         x[STEP_TERMS + self.levels.index(level)] = accept
         return x
 
     def predict(
-        self, cand: Candidate, capacity: Capacity, level: str, clients: int, accept: float
+        self, cand: Candidate, level: str, clients: int, accept: float, capacity: Capacity = UNKNOWN_CAPACITY
     ) -> tuple[float, float]:
         """(mean, relative sd) of ``y`` for ``cand`` at ``level``: the structure's, corrected and widened
         by the residual process (whose sd grows away from the measurements)."""
-        x = self.row(cand, capacity, level, clients, accept)
+        x = self.row(cand, level, clients, accept, capacity)
         y = float(x @ self.mean)
         sd = math.sqrt(max(float(x @ self.cov @ x), 0.0))
         rel = sd / y if y > 0 else math.inf

@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from harness.search.model import (
     NOISE_PRIOR,
+    NOISE_PRIOR_DOF,
     UNKNOWN_CAPACITY,
     Candidate,
     Capacity,
@@ -50,6 +51,8 @@ from harness.search.model import (
     residual_at,
     tree_inputs,
 )
+
+NOISE_PROBES = 2  # repeats that measure the launch noise before the prior is left to decide ties
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +171,7 @@ def _predictions_within(state: SearchState, noise: tuple[float, int]) -> dict[tu
                 a_high = accept_length(cand, q, gain_high, extrapolate=last) * math.exp(shift + Z * spread)
             else:
                 a_point = a_low = a_high = 1.0
-            y, rel = fit.predict(cand, capacity, name, clients, a_point)
+            y, rel = fit.predict(cand, name, clients, a_point, capacity)
             running = capacity.running(clients)
             point = a_point * running / y if y > 0 else math.inf
             low = a_low * running / (y * (1.0 + Z * rel)) if y > 0 else 0.0
@@ -242,6 +245,9 @@ def propose(state: SearchState, free: int, budget: Budget, tolerance: float) -> 
     fresh = [(cid, 0) for cid in contention if cid not in touched]
     if fresh:
         return decision(fresh[:allowed], "in contention", False)
+    probes = _noise_probes(state, ties, noise)
+    if probes:
+        return decision(probes[:allowed], "repeat to measure launch noise", False)
     repeats = _next_repeats(state, ties, noise, tolerance)
     if repeats:
         return decision(repeats[:allowed], "repeat of a tied config", False)
@@ -356,6 +362,28 @@ def _next_repeats(
                 wanted[pick] = max(wanted.get(pick, 0.0), loss)
     eligible = [cid for cid in wanted if runs[cid] < state.repeats and cid not in flying]
     return [(cid, runs[cid]) for cid in sorted(eligible, key=lambda c: (runs[c], -wanted[c]))]
+
+
+def _noise_probes(
+    state: SearchState, ties: dict[str, tuple[str, ...]], noise: tuple[float, int]
+) -> list[tuple[str, int]]:
+    """Repeats of the levels' best configs until NOISE_PROBES repeats measure the launch noise (when the
+    spec allows repeats): without them the prior alone would set every tie, and a prior below the real
+    noise would declare coin flips decided. Incumbents of the largest tie sets first; an incumbent is
+    the config most worth a second launch anyway (its lead may be its launch's luck)."""
+    pending = sum(1 for _, repeat in state.in_flight if repeat > 0)
+    needed = NOISE_PROBES - (noise[1] - NOISE_PRIOR_DOF) - pending
+    if state.repeats <= 1 or needed <= 0:
+        return []
+    runs: dict[str, int] = defaultdict(int)
+    for o in state.observations:
+        runs[o.config_id] += 1
+    flying = {cid for cid, _ in state.in_flight}
+    picks: list[str] = []
+    for tie in sorted(ties.values(), key=len, reverse=True):
+        if tie and tie[0] not in picks and tie[0] not in flying and runs[tie[0]] < state.repeats:
+            picks.append(tie[0])
+    return [(cid, runs[cid]) for cid in picks[:needed]]
 
 
 def _shortfall(best: list[float], other: list[float], noise: float) -> float:
