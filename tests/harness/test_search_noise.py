@@ -154,21 +154,21 @@ def _launch(cid: str, repeat: int, *throughputs: float) -> Observation:
 
 
 def test_launch_noise_pools_repeats_with_the_prior_when_configs_were_repeated() -> None:
-    """Prior 2% worth 8 degrees of freedom: 8 x 0.02**2 = 0.0032. Config a ran twice: 100 and 104 at L0
+    """Prior 2% worth 4 degrees of freedom: 4 x 0.02**2 = 0.0016. Config a ran twice: 100 and 104 at L0
     (mean 102, squared relative deviations 2 x (2/102)**2 = 7.6894e-4) and 50 and 50 at L1 (0): the
     mean over its levels, 3.8447e-4, for one degree of freedom (a launch moves every level at once).
-    Config b ran three times, 99/100/101 at L0: 2 x 0.01**2 = 2e-4 for two. (0.0032 + 3.8447e-4 +
-    2e-4) / 11 = 3.4404e-4, sd 0.018548 with 11 degrees of freedom; with no repeats, the prior alone.
-    The 95% interval of a's mean at L0 from its two launches: t(11) = 2.200985, half-width 2.200985 x
-    0.018548 x 102 / sqrt(2) = 2.9445."""
+    Config b ran three times, 99/100/101 at L0: 2 x 0.01**2 = 2e-4 for two. (0.0016 + 3.8447e-4 +
+    2e-4) / 7 = 3.1207e-4, sd 0.017665 with 7 degrees of freedom; with no repeats, the prior alone.
+    The 95% interval of a's mean at L0 from its two launches: t(7) = 2.364624, half-width 2.364624 x
+    0.017665 x 102 / sqrt(2) = 3.0128."""
     done = [_launch("a", 0, 100, 50), _launch("a", 1, 104, 50)]
     done += [_launch("b", r, value) for r, value in enumerate((99, 100, 101))]
     noise, dof = launch_noise(done)
-    assert noise == pytest.approx(0.018548, abs=1e-6) and dof == 11
+    assert noise == pytest.approx(0.017665, abs=1e-6) and dof == 7
     prior, prior_dof = launch_noise(done[:1] + done[2:3])
-    assert prior == pytest.approx(0.02) and prior_dof == 8
+    assert prior == pytest.approx(0.02) and prior_dof == 4
     interval = measured_interval([100.0, 104.0], noise, dof)
-    assert [interval.low, interval.high] == pytest.approx([102 - 2.9445, 102 + 2.9445], abs=1e-3)
+    assert [interval.low, interval.high] == pytest.approx([102 - 3.0128, 102 + 3.0128], abs=1e-3)
 
 
 def _small_space() -> tuple[Candidate, ...]:
@@ -187,9 +187,10 @@ def _small_state(done: list[Observation], repeats: int = 3) -> SearchState:
 
 
 def test_tie_set_is_the_best_alone_when_the_winner_is_clear_and_both_when_not() -> None:
-    """One launch each, prior noise (2%, t(8) = 2.306): c3 at 100 and c2 at 98 differ by 2, under the
-    half-width 2.306 x 0.02 x sqrt(100**2 + 98**2) = 6.46: tie (c3, c2), best first. c2 at 80 instead:
-    20 > 5.91, decided, a tie set of one; the baseline at 60 is in neither."""
+    """One launch each, prior noise (2%, t(4) = 2.776): c3 at 100 and c2 at 98 differ by 2, under the
+    half-width 2.776 x 0.02 x sqrt(100**2 + 98**2) = 7.77: tie (c3, c2), best first. c2 at 80 instead:
+    20 > 7.11, decided, a tie set of one; the baseline at 60 is in neither. Nothing has measured the
+    launch noise yet, so the next launch repeats the incumbent c3 to measure it."""
     tied = propose(
         _small_state([_launch("base", 0, 60), _launch("c2", 0, 98), _launch("c3", 0, 100)]),
         2,
@@ -204,22 +205,26 @@ def test_tie_set_is_the_best_alone_when_the_winner_is_clear_and_both_when_not() 
         TOLERANCE,
     )
     assert clear.levels[0].tie == ("c3",)
-    assert clear.launches == () and clear.reason == "settled"
+    assert (clear.launches, clear.reason) == ((("c3", 1),), "repeat to measure launch noise")
 
 
 def test_propose_repeats_the_least_launched_tied_config_when_the_budget_binds() -> None:
-    """c3 (100, then 101) and c2 (99) are tied, the baseline (60) is not. Answering c3 may cost about
-    0.4 tokens/s against c2 (the expected shortfall, launch noise 2%): under a tolerance of 1% of 100.5
-    that is settled; under 0.1% it is not. Then, with no budget, only c2 and c3 are repeated, fewest
-    launches first; with max_launches 5 (4 spent) the one launch left goes to c2, the tied config with
-    the fewest launches, not to the incumbent with the higher mean, and never to the baseline."""
+    """The baseline ran three times (60, 61, 60) and c3 twice (100, 101): three repeats measured the
+    launch noise (sd 1.62%). c3 and c2 (99) are tied, the baseline is not. Answering c3 may cost about
+    0.25 tokens/s
+    against c2 (the expected shortfall): under a tolerance of 1% of 100.5 that is settled; under 0.1% it
+    is not. Then, with no budget, only c2 and c3 are repeated, fewest launches first; with
+    max_launches 7 (6 spent) the one launch left goes to c2, the tied config with the fewest launches,
+    not to the incumbent with the higher mean, and never to the baseline. Before c3's second launch, c2
+    and c3 are both repeated (one launch each)."""
     tight = 0.001
-    first = [_launch("base", 0, 60), _launch("c2", 0, 99), _launch("c3", 0, 100)]
+    first = [_launch("base", r, value) for r, value in enumerate((60, 61, 60))]
+    first += [_launch("c2", 0, 99), _launch("c3", 0, 100)]
     assert set(propose(_small_state(first), 3, Budget(), tight).launches) == {("c3", 1), ("c2", 1)}
     done = [*first, _launch("c3", 1, 101)]
     assert propose(_small_state(done), 3, Budget(), TOLERANCE).reason == "settled"
     assert propose(_small_state(done), 3, Budget(), tight).launches == (("c2", 1), ("c3", 2))
-    decision = propose(_small_state(done), 3, Budget(max_launches=5), tight)
+    decision = propose(_small_state(done), 3, Budget(max_launches=7), tight)
     assert (decision.launches, decision.reason) == ((("c2", 1),), "repeat of a tied config")
 
 
