@@ -336,14 +336,26 @@ class StepFit:
     ) -> tuple[float, float]:
         """(mean, relative sd) of ``y`` for ``cand`` at ``level``: the structure's, corrected and widened
         by the residual process (whose sd grows away from the measurements)."""
-        x = self.row(cand, level, clients, accept, capacity)
-        y = float(x @ self.mean)
-        sd = math.sqrt(max(float(x @ self.cov @ x), 0.0))
-        rel = sd / y if y > 0 else math.inf
-        if self.residual is None or y <= 0:
-            return y, rel
-        shift, spread = residual_at(self.residual, residual_inputs(cand, capacity, clients))
-        return y * math.exp(shift), math.sqrt(rel**2 + spread**2)
+        return self.predict_many([(cand, level, clients, accept, capacity)])[0]
+
+    def predict_many(
+        self, queries: list[tuple[Candidate, str, int, float, Capacity]]
+    ) -> list[tuple[float, float]]:
+        """``predict`` for many (config, level, clients, accept length, capacity) at once (one GP call)."""
+        out = []
+        for cand, level, clients, accept, capacity in queries:
+            x = self.row(cand, level, clients, accept, capacity)
+            y = float(x @ self.mean)
+            sd = math.sqrt(max(float(x @ self.cov @ x), 0.0))
+            out.append((y, sd / y if y > 0 else math.inf))
+        if self.residual is None or not queries:
+            return out
+        inputs = np.array([residual_inputs(q[0], q[4], q[2]) for q in queries])
+        shifts, spreads = residual_at(self.residual, inputs)
+        return [
+            (y * math.exp(shift), math.sqrt(rel**2 + spread**2)) if y > 0 else (y, rel)
+            for (y, rel), shift, spread in zip(out, shifts, spreads, strict=True)
+        ]
 
 
 def residual_inputs(cand: Candidate, capacity: Capacity, clients: int) -> np.ndarray:
@@ -355,12 +367,12 @@ def residual_inputs(cand: Candidate, capacity: Capacity, clients: int) -> np.nda
     )
 
 
-def residual_at(gp: GaussianProcessRegressor, inputs: np.ndarray) -> tuple[float, float]:
-    """(mean, sd) of the log residual at ``inputs``, without the fitted white noise (a launch's noise is
-    not the config's)."""
-    mean, sd = gp.predict(inputs[None, :], return_std=True)
+def residual_at(gp: GaussianProcessRegressor, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, sd) of the log residual at each row of ``inputs``, without the fitted white noise (a
+    launch's noise is not the config's)."""
+    mean, sd = gp.predict(inputs, return_std=True)
     white = float(gp.kernel_.k2.noise_level)
-    return float(mean[0]), math.sqrt(max(float(sd[0]) ** 2 - white, 0.0))
+    return np.asarray(mean, dtype=float), np.sqrt(np.maximum(np.asarray(sd, dtype=float) ** 2 - white, 0.0))
 
 
 def _solve(

@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 from threadpoolctl import threadpool_limits
 
 from harness.search.model import (
@@ -152,7 +153,16 @@ def _predictions_within(state: SearchState, noise: tuple[float, int]) -> dict[tu
     for o in obs:
         for result in o.levels:
             measured[(o.config_id, result.level)].append(result.throughput)
+    trees = [c for c in state.candidates if c.speculative and not c.is_chain]
+    tree_shift = dict.fromkeys((c.config_id for c in trees), (0.0, 0.0))
+    if correction is not None and trees:  # the tree law, as wrong as on the measured trees
+        shifts, spreads = residual_at(correction, np.array([tree_inputs(c) for c in trees]))
+        tree_shift = {
+            c.config_id: (float(a), float(b)) for c, a, b in zip(trees, shifts, spreads, strict=True)
+        }
     out: dict[tuple[str, str], Prediction] = {}
+    queries: list[tuple[Candidate, str, int, float, Capacity]] = []
+    bounds: list[tuple[float, float]] = []
     for cand in state.candidates:
         capacity = capacity_of[cand.config_id]
         for name, clients in state.levels:
@@ -163,20 +173,22 @@ def _predictions_within(state: SearchState, noise: tuple[float, int]) -> dict[tu
             q = q_by_level[name]
             last = q[-1] if q else 1.0
             if cand.speculative:
-                shift, spread = 0.0, 0.0
-                if correction is not None and not cand.is_chain:  # the law, as wrong as on measured trees
-                    shift, spread = residual_at(correction, tree_inputs(cand))
+                shift, spread = tree_shift.get(cand.config_id, (0.0, 0.0))
                 a_point = accept_length(cand, q, gain, extrapolate=last) * math.exp(shift)
                 a_low = accept_length(cand, q, gain_low, extrapolate=0.0) * math.exp(shift - Z * spread)
                 a_high = accept_length(cand, q, gain_high, extrapolate=last) * math.exp(shift + Z * spread)
             else:
                 a_point = a_low = a_high = 1.0
-            y, rel = fit.predict(cand, name, clients, a_point, capacity)
-            running = capacity.running(clients)
-            point = a_point * running / y if y > 0 else math.inf
-            low = a_low * running / (y * (1.0 + Z * rel)) if y > 0 else 0.0
-            high = a_high * running / (y * (1.0 - Z * rel)) if y > 0 and Z * rel < 1.0 else math.inf
-            out[(cand.config_id, name)] = Prediction(point, min(low, point), max(high, point), False)
+            queries.append((cand, name, clients, a_point, capacity))
+            bounds.append((a_low, a_high))
+    for (cand, name, clients, a_point, capacity), (a_low, a_high), (y, rel) in zip(
+        queries, bounds, fit.predict_many(queries), strict=True
+    ):
+        running = capacity.running(clients)
+        point = a_point * running / y if y > 0 else math.inf
+        low = a_low * running / (y * (1.0 + Z * rel)) if y > 0 else 0.0
+        high = a_high * running / (y * (1.0 - Z * rel)) if y > 0 and Z * rel < 1.0 else math.inf
+        out[(cand.config_id, name)] = Prediction(point, min(low, point), max(high, point), False)
     return out
 
 
