@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from harness.search.model import (
@@ -262,10 +263,10 @@ def test_residual_process_is_less_sure_away_from_measurements_when_the_structure
     ]
     fit = fit_steps(cands, done, tuple(name for name, _ in LEVELS), 0.02)
     assert fit.residual is not None
-    measured = residual_at(fit.residual, residual_inputs(cands["c4"], world_capacity(cands["c4"]), 16))[1]
-    far = residual_at(fit.residual, residual_inputs(cands["t4-4-12"], world_capacity(cands["t4-4-12"]), 48))[
-        1
+    where = [
+        residual_inputs(cands[cid], world_capacity(cands[cid]), n) for cid, n in (("c4", 16), ("t4-4-12", 48))
     ]
+    measured, far = residual_at(fit.residual, np.array(where))[1]
     assert 0.0 < measured < far
 
 
