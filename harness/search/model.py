@@ -50,6 +50,7 @@ KNEES = (64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0)  # compute knees tri
 KNEE_EVIDENCE = 6.0  # weighted squared residuals a knee must remove to be kept (one parameter more)
 MIN_RESIDUALS = 4  # (config, level) measurements before the residual process is fitted
 MIN_TREES = 2  # distinct trees measured before the tree law is corrected
+SAME, ANY = 1e-3, 1e5  # length scales: only the same value correlates / every value correlates fully
 RESIDUAL_FLOOR = 0.01  # least prior sd of the log residual: the structure is never exact away from data
 
 
@@ -232,7 +233,7 @@ def fit_tree_correction(
     logs = np.array(
         [math.log(r.accept_length / accept_length(c, q, gain, extrapolate=0.0)) for c, r, q in rows]
     )
-    return fit_residual(inputs, logs, noise)
+    return fit_residual(inputs, logs, noise, (0, 1, 2))
 
 
 # --- launch noise --------------------------------------------------------------------------------------
@@ -299,18 +300,19 @@ UNKNOWN_CAPACITY = Capacity((), None)
 
 
 def step_row(cand: Candidate, capacity: Capacity, clients: int, knee: float | None) -> np.ndarray:
-    """The step-time regressors: ``(1, D, P D k, P V)`` at the padded batch ``P``, then the eager
-    knee ``e (D + 1)`` (one more launch cost per forward pass) and the compute knee ``max(0, P V -
-    knee)`` (tokens past the point where a step stops being bound by reading the weights)."""
+    """The step-time regressors: ``(1, D, P D k, P V)`` at the padded batch ``P``, then ``P`` (each
+    request's own reads, its KV cache above all, whatever it verifies), the eager knee ``e (D + 1)``
+    (one more launch cost per forward pass) and the compute knee ``max(0, P V - knee)`` (tokens past
+    the point where a step stops being bound by reading the weights)."""
     size, eager = capacity.padded(capacity.running(clients))
     base = cand.step_features(size)
     passes = (cand.steps or 0) + 1
     tokens = size * (cand.draft_tokens or 1)
     hinge = max(0.0, tokens - knee) if knee is not None else 0.0
-    return np.array([*base, passes if eager else 0.0, hinge])
+    return np.array([*base, size, passes if eager else 0.0, hinge])
 
 
-STEP_TERMS = 6
+STEP_TERMS = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,19 +362,25 @@ class StepFit:
 
 def residual_inputs(cand: Candidate, capacity: Capacity, clients: int) -> np.ndarray:
     """Where the residual process places a (config, level): log2 of the batch and of the tokens a step
-    verifies, the draft depth and topk."""
+    verifies, then the config (depth, topk, draft tokens: STEP_CONFIG_DIMS)."""
     size, _ = capacity.padded(capacity.running(clients))
+    tokens = math.log2(size * (cand.draft_tokens or 1))
     return np.array(
-        [math.log2(size), math.log2(size * (cand.draft_tokens or 1)), cand.depth, cand.topk or 0], dtype=float
+        [math.log2(size), tokens, cand.depth, cand.topk or 0, cand.draft_tokens or 0], dtype=float
     )
 
 
+STEP_CONFIG_DIMS = (2, 3, 4)
+
+
 def residual_at(gp: GaussianProcessRegressor, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, sd) of the log residual at each row of ``inputs``, without the fitted white noise (a
-    launch's noise is not the config's)."""
+    """(mean, sd) of the log residual at each row of ``inputs``, without the white noise and the launch
+    term (a launch's noise is not the config's; at a config never launched the launch term is its prior)."""
     mean, sd = gp.predict(inputs, return_std=True)
-    white = float(gp.kernel_.k2.noise_level)
-    return np.asarray(mean, dtype=float), np.sqrt(np.maximum(np.asarray(sd, dtype=float) ** 2 - white, 0.0))
+    noise_var = float(gp.kernel_.k2.noise_level) + float(gp.kernel_.k1.k2.k1.constant_value)
+    return np.asarray(mean, dtype=float), np.sqrt(
+        np.maximum(np.asarray(sd, dtype=float) ** 2 - noise_var, 0.0)
+    )
 
 
 def _solve(
@@ -455,17 +463,24 @@ def fit_steps(
         inputs = np.array(
             [residual_inputs(cand, capacity, clients) for cand, capacity, _, clients, _, _ in firsts]
         )
-        residual = fit_residual(inputs, np.array([logs[r].mean() for r in rows]), noise)
+        residual = fit_residual(inputs, np.array([logs[r].mean() for r in rows]), noise, STEP_CONFIG_DIMS)
     return StepFit(levels, mean, cov, knee, residual)
 
 
-def fit_residual(inputs: np.ndarray, logs: np.ndarray, noise: float) -> GaussianProcessRegressor:
-    """A GP on a structure's log residuals: an amplitude at least RESIDUAL_FLOOR (the structure is
-    never trusted exactly away from data), length scales per input, and white noise near the launch
-    noise. Deterministic (no random restarts)."""
-    kernel = ConstantKernel(RESIDUAL_FLOOR**2, (RESIDUAL_FLOOR**2, 1.0)) * RBF(
+def fit_residual(
+    inputs: np.ndarray, logs: np.ndarray, noise: float, config_dims: tuple[int, ...]
+) -> GaussianProcessRegressor:
+    """A GP on a structure's log residuals: a smooth term with an amplitude at least RESIDUAL_FLOOR (the
+    structure is never trusted exactly away from data) and length scales per input; a launch term, the
+    launch noise shared by every point of one config (``config_dims`` say which inputs name it: a launch
+    moves all its levels together, and without this term the smooth one would learn that as structure);
+    white noise for the rest. Deterministic (no random restarts)."""
+    smooth = ConstantKernel(RESIDUAL_FLOOR**2, (RESIDUAL_FLOOR**2, 1.0)) * RBF(
         length_scale=np.ones(inputs.shape[1]) * 2.0, length_scale_bounds=(0.5, 50.0)
-    ) + WhiteKernel(noise**2, (noise**2 / 4.0, max(4.0 * noise**2, 1e-6)))
+    )
+    same_config = [SAME if i in config_dims else ANY for i in range(inputs.shape[1])]
+    launch = ConstantKernel(noise**2, "fixed") * RBF(length_scale=same_config, length_scale_bounds="fixed")
+    kernel = smooth + launch + WhiteKernel(noise**2 / 4.0, (1e-6, max(4.0 * noise**2, 1e-6)))
     gp = GaussianProcessRegressor(kernel=kernel, normalize_y=False, n_restarts_optimizer=0, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
