@@ -25,6 +25,10 @@ GLOSSARY: dict[str, str] = {
     "time stamp (calibrated before the sweep): the floor under every latency measured",
     "Pareto front": "the config x level points no other point beats in both per-user and per-GPU tokens/s",
     "capacity": "the highest load at which a config still met the capacity SLO",
+    "noise floor": "with lossless_check: the share of check prompts whose greedy output ids differ between "
+    "the baseline sent one prompt at a time and all at once: the divergence the hardware alone causes",
+    "LOSSY": "a config whose greedy outputs differ from the baseline's more often than the noise floor, or "
+    "with an accept threshold below 1.0; ranked as measured, never emitted without --allow-lossy",
 }
 
 

@@ -11,6 +11,7 @@ driver, the node workers and the analysis share.
     OUT/requests/sweep=<sweep_id>/job=<job_id>/part-0.parquet           committed by the driver
     OUT/levels/sweep=<sweep_id>/job=<job_id>/part-0.parquet
     OUT/capacity/sweep=<sweep_id>/job=<job_id>/part-0.parquet           probes of a capacity search
+    OUT/lossless/sweep=<sweep_id>/job=<job_id>/part-0.parquet           the lossless check's output ids
     OUT/server_metrics/sweep=<sweep_id>/job=<job_id>/part-0.parquet     time series per level
     OUT/gpu_metrics/sweep=<sweep_id>/job=<job_id>/part-0.parquet
     OUT/jobs/sweep=<sweep_id>/job=<job_id>/part-0.parquet               moved last: commit marker
@@ -43,7 +44,15 @@ P = TypeVar("P", bound=PurePath)
 ROOT = PurePosixPath()  # the root of store keys: layout.job_part_path(ROOT, ...) is a key
 
 PART = "part-0.parquet"
-JOB_TABLES: tuple[str, ...] = ("requests", "levels", "capacity", "server_metrics", "gpu_metrics", "jobs")
+JOB_TABLES: tuple[str, ...] = (
+    "requests",
+    "levels",
+    "capacity",
+    "lossless",
+    "server_metrics",
+    "gpu_metrics",
+    "jobs",
+)
 # The order the driver moves an attempt's tables into place: the jobs row last, it marks the commit.
 COMMIT_ORDER: tuple[str, ...] = JOB_TABLES
 ATTEMPTS_DIR = "_attempts"

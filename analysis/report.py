@@ -103,6 +103,7 @@ def render_report(
         _tables(selection),
         _categories(con),
         _deployment(con, selection, confirmation),
+        _lossless(con, selection),
         *extra_sections,
         _capacity(con, styles),
         _figure("plot-throughput", _throughput_plot(con, styles)),
@@ -211,6 +212,30 @@ def _winners(selection: Selection, launches: Mapping[str, LaunchText]) -> str:
         )
     parts.append("</section>")
     return "".join(parts)
+
+
+def _lossless(con: duckdb.DuckDBPyConnection, selection: Selection) -> str:
+    """The lossless check's floors and verdicts, lossy winners called out (empty when it did not run and
+    no config is lossy by design)."""
+    from analysis.lossless import LOSSY_MARK, format_lossless, lossless_summary
+
+    summary = lossless_summary(con)
+    if summary is None:
+        return ""
+    flagged = summary.flagged()
+    warnings = "".join(
+        f"<p class='lossy'>{LOSSY_MARK}: the winner at {html.escape(level.load_level)}, "
+        f"{html.escape(level.winner.config_label)}, is flagged; <code>best --emit</code> refuses it without "
+        "<code>--allow-lossy</code>.</p>"
+        for level in selection.levels
+        if level.winner is not None and level.winner.config_label in flagged
+    )
+    lines = "\n".join(line.strip() for line in format_lossless(summary)[2:])
+    return (
+        "<section id='lossless'><h2>Lossless check</h2><p class='meta'>Greedy (temperature-0) output token "
+        "ids of a fixed prompt set against the baseline's; the noise floor is the baseline one prompt at a "
+        f"time against all at once.</p>{warnings}<pre class='lossless'>{html.escape(lines)}</pre></section>"
+    )
 
 
 def _launch_html(launch: LaunchText | None) -> str:

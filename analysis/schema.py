@@ -316,6 +316,8 @@ class JobRecord:
     input_digests: str | None = None
     # JSON object: server-axis name -> value, in the spec's axis order; null for a sweep without axes
     axes: str | None = None
+    # Why the launch is lossy before it ran (an accept threshold below 1.0); null when it is not
+    lossy_by_design: str | None = None
 
 
 JOBS_SCHEMA = pa.schema(
@@ -354,8 +356,42 @@ JOBS_SCHEMA = pa.schema(
         pa.field("gpu_metrics_off", pa.string()),
         pa.field("input_digests", pa.string()),
         pa.field("axes", pa.string()),
+        pa.field("lossy_by_design", pa.string()),
     ],
     metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "jobs"},
+)
+
+# ---------------------------------------------------------------------------------------------------
+# lossless: with `lossless_check: true`, one row per job x send mode x check prompt: the token ids the
+# server generated at temperature 0 (docs/results.md, the lossless check).
+# ---------------------------------------------------------------------------------------------------
+
+LOSSLESS_MODES: tuple[str, ...] = ("serial", "batched")  # one prompt at a time; every prompt at once
+
+
+@dataclass(frozen=True, slots=True)
+class LosslessRecord:
+    """One check prompt's greedy output on one server. ``mode`` says how the prompts were sent (the two
+    batch sizes the noise floor compares); a failed request has null ``output_ids`` and its ``error``."""
+
+    sweep_id: str
+    job_id: str
+    mode: str  # one of LOSSLESS_MODES
+    prompt_index: int
+    output_ids: tuple[int, ...] | None
+    error: str | None
+
+
+LOSSLESS_SCHEMA = pa.schema(
+    [
+        pa.field("sweep_id", pa.string(), nullable=False),
+        pa.field("job_id", pa.string(), nullable=False),
+        pa.field("mode", pa.string(), nullable=False),
+        pa.field("prompt_index", pa.int32(), nullable=False),
+        pa.field("output_ids", pa.list_(pa.int64())),
+        pa.field("error", pa.string()),
+    ],
+    metadata={"specsweep.schema_version": str(SCHEMA_VERSION), "specsweep.table": "lossless"},
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -456,6 +492,7 @@ RECORD_SCHEMAS: dict[type, pa.Schema] = {
     JobRecord: JOBS_SCHEMA,
     SweepRecord: SWEEP_SCHEMA,
     TelemetryRecord: TELEMETRY_SCHEMA,
+    LosslessRecord: LOSSLESS_SCHEMA,
 }
 
 for _record_type, _schema in RECORD_SCHEMAS.items():  # guards edits to this file
@@ -511,6 +548,11 @@ def capacity_table(records: list[CapacityProbeRecord]) -> pa.Table:
 def jobs_table(records: list[JobRecord]) -> pa.Table:
     """Arrow table of job records."""
     return records_table(records, JOBS_SCHEMA)
+
+
+def lossless_table(records: list[LosslessRecord]) -> pa.Table:
+    """Arrow table of the lossless check's outputs."""
+    return records_table(records, LOSSLESS_SCHEMA)
 
 
 def telemetry_table(records: list[TelemetryRecord]) -> pa.Table:

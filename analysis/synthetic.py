@@ -65,6 +65,7 @@ class SyntheticConfig:
     launch_tpot_factors: tuple[float, ...] = ()
     gpus: int = 8
     fails: bool = False  # the job failed: a jobs row with status "failed" and no requests
+    lossy_by_design: str | None = None  # jobs.lossy_by_design: why the launch is lossy before it ran
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,7 @@ def _job_record(
         startup_s=None if failed else 42.0,
         server_metrics_off=None if failed else "synthetic results: nothing was sampled",
         gpu_metrics_off=None if failed else "synthetic results: nothing was sampled",
+        lossy_by_design=cfg.lossy_by_design,
     )
 
 

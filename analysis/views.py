@@ -42,6 +42,19 @@ Views (columns as documented in ``docs/results.md``):
   passing probe's load; null when none passed), ``bound`` (``bracketed``: a higher probe failed;
   ``at_least``: none failed; ``below``: none passed, capacity is under ``lowest_fail``), ``lowest_fail``
   and ``probes``.
+- ``lossless``: the lossless check's rows of committed jobs (``lossless_check: true``): per job x ``mode``
+  (``serial``: one prompt at a time; ``batched``: all at once) x ``prompt_index``, the greedy
+  ``output_ids`` (null with ``error`` when the request failed).
+- ``lossless_floor``: per sweep x server-axis setting (``axes``), the noise floor: the reference baseline
+  job's (the first repeat of the baseline run at those axis values) serial outputs against its batched
+  ones: ``prompts`` compared, ``diverged`` (ids differ), ``floor_rate`` = diverged / prompts.
+- ``lossless_divergence``: per current speculative job x mode x prompt, its outputs against the reference
+  baseline's in the same mode: ``first_diverging_position`` (0-based index of the first differing token id,
+  or the shorter length when one output is a prefix of the other; null when equal).
+- ``lossless_results``: per current speculative job: ``compared`` (mode x prompt pairs), ``diverged``,
+  ``divergence_rate`` = diverged / compared, the setting's ``floor_rate``, ``first_diverging_positions``
+  (of the diverged pairs, by mode then prompt), ``lossy_by_design`` (an accept threshold below 1.0) and
+  ``lossy``: lossy by design, or checked with ``divergence_rate > floor_rate``.
 - ``server_metrics``, ``gpu_metrics``: the time series of committed jobs (the server's Prometheus
   samples; NVML readings of the slot's GPUs), ``time_s`` on the requests' clock.
 - ``server_metrics_by_level``, ``gpu_metrics_by_level``: per job x level x metric x label set, over
@@ -73,6 +86,7 @@ from analysis.schema import (
     CAPACITY_SCHEMA,
     JOBS_SCHEMA,
     LEVELS_SCHEMA,
+    LOSSLESS_SCHEMA,
     REQUESTS_SCHEMA,
     SWEEP_SCHEMA,
     TELEMETRY_SCHEMA,
@@ -99,6 +113,10 @@ VIEW_NAMES: tuple[str, ...] = (
     "capacity",
     "capacity_results",
     "job_axes",
+    "lossless",
+    "lossless_floor",
+    "lossless_divergence",
+    "lossless_results",
     *TELEMETRY_TABLES,
     *(f"{name}_by_level" for name in TELEMETRY_TABLES),
 )
@@ -187,6 +205,65 @@ FROM capacity c JOIN current_jobs j USING (sweep_id, job_id)
 GROUP BY ALL
 """
 
+# The lossless check's reference per sweep x axis setting: the baseline's first sweep job with outputs.
+_LOSSLESS_RUNS_SQL = """
+runs AS (
+    SELECT o.sweep_id, o.job_id, j.config_label, j.repeat_index, j.axes, j.lossy_by_design,
+           j.effective_speculative_algorithm IS NULL AS is_baseline, j.role, o.mode, o.prompt_index,
+           o.output_ids
+    FROM lossless o JOIN current_jobs j USING (sweep_id, job_id)
+    WHERE o.output_ids IS NOT NULL
+), reference AS (
+    SELECT * FROM runs WHERE is_baseline AND role = 'sweep'
+    QUALIFY dense_rank() OVER (PARTITION BY sweep_id, axes ORDER BY repeat_index, job_id) = 1
+)"""
+
+# 0-based index of the first token id where two outputs differ; the shorter length when one is a prefix
+# of the other; null when they are equal.
+_FIRST_DIVERGING_SQL = """CASE WHEN {a} = {b} THEN NULL ELSE coalesce(
+    list_position(list_transform(range(1, least(len({a}), len({b})) + 1), lambda i: {a}[i] <> {b}[i]), true)
+      - 1,
+    least(len({a}), len({b}))) END"""
+
+_LOSSLESS_FLOOR_SQL = f"""
+WITH {_LOSSLESS_RUNS_SQL}
+SELECT s.sweep_id, s.axes, s.job_id AS reference_job_id, count(*) AS prompts,
+       count(*) FILTER (WHERE s.output_ids <> t.output_ids) AS diverged,
+       count(*) FILTER (WHERE s.output_ids <> t.output_ids) / count(*) AS floor_rate
+FROM reference s JOIN reference t USING (sweep_id, job_id, prompt_index)
+WHERE s.mode = 'serial' AND t.mode = 'batched'
+GROUP BY ALL
+"""
+
+_LOSSLESS_DIVERGENCE_SQL = f"""
+WITH {_LOSSLESS_RUNS_SQL}
+SELECT r.sweep_id, r.job_id, r.config_label, r.repeat_index, r.axes, r.mode, r.prompt_index,
+       b.job_id AS reference_job_id,
+       {_FIRST_DIVERGING_SQL.format(a="r.output_ids", b="b.output_ids")} AS first_diverging_position
+FROM runs r JOIN reference b
+  ON r.sweep_id = b.sweep_id AND r.axes IS NOT DISTINCT FROM b.axes AND r.mode = b.mode
+     AND r.prompt_index = b.prompt_index
+WHERE NOT r.is_baseline
+"""
+
+_LOSSLESS_RESULTS_SQL = """
+WITH per AS (
+    SELECT j.sweep_id, j.job_id, j.config_label, j.repeat_index, j.axes, j.lossy_by_design,
+           count(d.prompt_index) AS compared,
+           count(d.first_diverging_position) AS diverged,
+           count(d.first_diverging_position) / nullif(count(d.prompt_index), 0) AS divergence_rate,
+           coalesce(list(d.first_diverging_position ORDER BY d.mode DESC, d.prompt_index)
+                      FILTER (WHERE d.first_diverging_position IS NOT NULL), []) AS first_diverging_positions
+    FROM current_jobs j LEFT JOIN lossless_divergence d USING (sweep_id, job_id)
+    WHERE j.effective_speculative_algorithm IS NOT NULL
+    GROUP BY ALL
+)
+SELECT per.*, f.floor_rate, f.prompts AS floor_prompts, f.diverged AS floor_diverged,
+       per.lossy_by_design IS NOT NULL
+         OR (per.compared > 0 AND per.divergence_rate > coalesce(f.floor_rate, 0)) AS lossy
+FROM per LEFT JOIN lossless_floor f ON per.sweep_id = f.sweep_id AND per.axes IS NOT DISTINCT FROM f.axes
+"""
+
 # Counters only grow, so a level's delta is its last sample minus its first; a gauge's level figure is its
 # mean over evenly spaced samples (a time average).
 _BY_LEVEL_SQL = """
@@ -266,6 +343,14 @@ def connect(out: Location, *, read_only: bool = False) -> duckdb.DuckDBPyConnect
         "CREATE VIEW capacity AS SELECT * FROM capacity_all c "
         "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = c.sweep_id AND j.job_id = c.job_id)"
     )
+    _register_table(con, "lossless_all", sources["lossless"], LOSSLESS_SCHEMA, partitions=("sweep", "job"))
+    con.execute(
+        "CREATE VIEW lossless AS SELECT * FROM lossless_all o "
+        "WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = o.sweep_id AND j.job_id = o.job_id)"
+    )
+    con.execute(f"CREATE VIEW lossless_floor AS {_LOSSLESS_FLOOR_SQL}")
+    con.execute(f"CREATE VIEW lossless_divergence AS {_LOSSLESS_DIVERGENCE_SQL}")
+    con.execute(f"CREATE VIEW lossless_results AS {_LOSSLESS_RESULTS_SQL}")
     for name in TELEMETRY_TABLES:
         _register_table(con, f"{name}_all", sources[name], TELEMETRY_SCHEMA, partitions=("sweep", "job"))
         con.execute(
@@ -341,6 +426,7 @@ def _arrow_sources(con: duckdb.DuckDBPyConnection, store: ResultStore) -> dict[s
         "levels": LEVELS_SCHEMA,
         "requests": REQUESTS_SCHEMA,
         "capacity": CAPACITY_SCHEMA,
+        "lossless": LOSSLESS_SCHEMA,
     }
     schemas |= dict.fromkeys(TELEMETRY_TABLES, TELEMETRY_SCHEMA)
     sources: dict[str, str | None] = {}

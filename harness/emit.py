@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analysis.deploy import config_shapes, level_concurrency, plan_deployment
+from analysis.lossless import lossless_summary, refuse_lossy
 from analysis.store import write_local_atomic
 from harness.deploy_launch import DrafterTarget, drafter_target, measured_args, sweep_spec
 from harness.spec import SweepSpec
@@ -51,13 +52,21 @@ def emit(
     publish_drafter: str | None = None,
     use_resolver: bool = True,
     confirmation: Confirmation | None = None,
+    allow_lossy: bool = False,
 ) -> dict[str, Any]:
     """Plan the deployment of ``selection``'s sweep, write the files into ``dest``, return deploy.json's
-    object. With a measured ``confirmation`` the recommendation follows its measured mix score."""
+    object. With a measured ``confirmation`` the recommendation follows its measured mix score. A config
+    the lossless check flagged is refused (``LossyConfigError``) unless ``allow_lossy``."""
     spec = sweep_spec(con)
     deployment = plan_deployment(
         selection, config_shapes(con), level_concurrency(con), spec.deploy_weights or None
     )
+    lossless = lossless_summary(con)
+    flagged = lossless.flagged() if lossless else {}
+    deployed = [deployment.static.config_label]
+    if deployment.adaptive is not None:
+        deployed += [deployment.adaptive.chain_label, *deployment.adaptive.chosen.values()]
+    refuse_lossy(deployed, flagged, allow_lossy=allow_lossy)
     argvs = measured_args(con)
     target = drafter_target(spec, publish_drafter, emitting=True)
     drafter = _drafter_provenance(con, spec, target)
@@ -98,6 +107,7 @@ def emit(
         "adaptive": None,
         "adaptive_note": deployment.adaptive_note,
         "drafter": drafter,
+        "lossy": {label: why for label, why in flagged.items() if label in deployed},  # with --allow-lossy
     }
     if adaptive is not None:
         result["adaptive"] = {

@@ -88,6 +88,7 @@ class Plan:
                     "serves": list(j.requested_points),
                     "axes": dict(j.axes),
                     "effective": j.effective.as_dict(),
+                    "lossy_by_design": j.lossy_by_design(),
                 }
                 for j in self.jobs
             ],
@@ -268,6 +269,7 @@ def build_plan(spec: SweepSpec, points: list[GridPoint], outcomes: list[PointOut
                     seed=spec.seed,
                     telemetry=spec.telemetry,
                     axes=first.axes,
+                    lossless_check=spec.lossless_check,
                 )
             )
     return Plan(sweep_id=spec.sweep_id(), verdicts=tuple(verdicts), jobs=tuple(jobs))

@@ -251,6 +251,15 @@ class SweepSpec(StrictModel):
         '"concurrency=16": 0.5); empty = every level alike. Not part of the sweep id.',
     )
 
+    lossless_check: bool = Field(
+        default=False,
+        description="Also send every server a fixed set of temperature-0 prompts, one at a time and all at "
+        "once, and keep their output token ids (the lossless table): a speculative config whose ids "
+        "differ from the baseline's more often than the baseline's own two batch sizes differ is flagged "
+        "lossy in `best`, `report` and `--emit` (docs/results.md). Needs the baseline. Left out of the "
+        "sweep id while false.",
+    )
+
     confirm_adaptive: bool = Field(
         default=False,
         description="After the sweep's launches, launch the adaptive schedule `best --emit` builds from the "
@@ -276,6 +285,7 @@ class SweepSpec(StrictModel):
             {"output_dir", "confirm_adaptive", *ANALYSIS_FIELDS}
             | ({"search"} if self.search == SearchSpec() else set())
             | ({"nodes_per_server"} if self.nodes_per_server == 1 else set())
+            | ({"lossless_check"} if not self.lossless_check else set())
         )
         if not self.axes:
             exclude |= {"axes", "axis_points"}
@@ -400,8 +410,17 @@ def check_search_fits_the_load(spec: SweepSpec) -> None:
         )
 
 
+def check_lossless_has_a_reference(spec: SweepSpec) -> None:
+    """The lossless check compares every config's greedy outputs with the baseline's."""
+    if spec.lossless_check and not spec.baseline:
+        raise ValueError(
+            "lossless_check: compares each config's outputs with the baseline's: set `baseline: true`"
+        )
+
+
 SPEC_CHECKS: tuple[Callable[[SweepSpec], None], ...] = (
     check_something_to_run,
+    check_lossless_has_a_reference,
     check_grid_is_complete,
     check_base_args_leave_owned_flags,
     check_server_fits_its_nodes,

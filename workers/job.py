@@ -26,6 +26,7 @@ from specsweep.errors import ResultsError
 from workers.load.workloads import RandomIdsWorkload, Workload
 from workers.sglang import SpecParams
 from workers.sglang import deploy as sglang_deploy
+from workers.sglang import lossless as sglang_lossless
 
 Engine = Literal["sglang", "sim"]  # which server a job launches: SGLang, or the simulated one
 # What a job is for: a sweep point, or the confirmation of the adaptive schedule built from the sweep.
@@ -421,6 +422,8 @@ class JobSpec(BaseModel):
     # and env, named here for the results' jobs.axes column.
     axes: tuple[tuple[str, str], ...] = ()
     nodes: int = 1  # nodes the server spans (one rank per node, workers.sglang.multinode)
+    # Also send the lossless check's greedy prompts (workers.load.lossless) and keep their output ids.
+    lossless_check: bool = False
 
     def launch_args(self, draft_path: str | None, adaptive_config_path: str | None = None) -> list[str]:
         """SGLang arguments of this job's server (without --host/--port), with the drafter at
@@ -432,6 +435,12 @@ class JobSpec(BaseModel):
         if adaptive_config_path is None:
             raise ValueError("an adaptive job needs the path of its --speculative-adaptive-config file")
         return sglang_deploy.adaptive_args(args, dict(self.adaptive_steps), adaptive_config_path)
+
+    def lossy_by_design(self) -> str | None:
+        """Why this job's launch is lossy before it runs (an accept threshold below 1.0), or None."""
+        return sglang_lossless.lossy_by_design(
+            self.base_args, speculative=self.effective.speculative_algorithm is not None
+        )
 
     def adaptive_config(self) -> dict[str, Any]:
         """The --speculative-adaptive-config JSON of this job's schedule."""

@@ -127,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the launch to deploy (static best over the spec's deploy_weights, or an adaptive "
         "schedule from the per-level winners), adaptive.json and the drafter's provenance into DIR",
     )
+    parser.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="let --emit deploy a config the lossless check flagged (greedy outputs that differ from the "
+        "baseline's beyond the noise floor, or an accept threshold below 1.0); refused by default",
+    )
 
 
 def selection_from_args(
@@ -233,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         from harness.emit import check_destination
 
         check_destination(args.emit)  # before the ranking, which can take a while
+    from analysis.lossless import format_lossless, lossless_summary
     from harness.deploy_launch import deploy_launches
     from harness.progress import long_step
 
@@ -242,13 +249,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         confirmation = confirmation_from_args(args, store, con, selection)
         launches = deploy_launches(con, args.publish_drafter, emitting=args.emit is not None)
+        lossless = lossless_summary(con)
         deployment = None
         if args.emit is not None:
             from harness.emit import emit
 
             with long_step("best --emit: building and validating the deploy launches", steps):
                 deployment = emit(
-                    con, selection, args.emit, publish_drafter=args.publish_drafter, confirmation=confirmation
+                    con,
+                    selection,
+                    args.emit,
+                    publish_drafter=args.publish_drafter,
+                    confirmation=confirmation,
+                    allow_lossy=args.allow_lossy,
                 )
     finally:
         con.close()
@@ -259,12 +272,15 @@ def run(args: argparse.Namespace) -> int:
                 "confirmation": dataclasses.asdict(confirmation) if confirmation else None,
                 "deploy_launches": {label: dataclasses.asdict(d) for label, d in launches.items()},
                 "deploy": deployment,
+                "lossless": dataclasses.asdict(lossless) if lossless else None,
             }
         )
     elif args.format == "csv":
         print_csv(SELECTION_CSV_COLUMNS, selection_csv_rows(selection))
     else:
-        print(format_selection(selection, launches))
+        print(format_selection(selection, launches, lossy=lossless.flagged() if lossless else {}))
+        if lossless is not None:
+            print("\n".join(format_lossless(lossless)))
         if confirmation is not None:
             print(format_confirmation(confirmation, selection))
         if deployment is not None:
@@ -509,8 +525,14 @@ def launch_lines(launch: DeployLaunch | None) -> list[str]:
     return lines
 
 
-def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] | None = None) -> str:
-    """The human-readable ranking: one block per load level, each winner with its deploy launch."""
+def format_selection(
+    selection: Selection,
+    launches: Mapping[str, DeployLaunch] | None = None,
+    lossy: Mapping[str, str] | None = None,
+) -> str:
+    """The human-readable ranking: one block per load level, each winner with its deploy launch; a config
+    the lossless check flagged (``lossy``: label -> why) is ranked as measured and marked."""
+    from analysis.lossless import LOSSY_MARK
     from analysis.select import share_text
 
     slos = ", ".join(selection.slos) or "none"
@@ -547,6 +569,8 @@ def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] 
             note = "winner" if r.rank == 1 else ("tie" if r.tie else "")
             if r.is_baseline:
                 note = (note + " baseline").strip()
+            if r.config_label in (lossy or {}):
+                note = (note + " " + LOSSY_MARK).strip()
             speedup = f"{r.speedup:.3f}x" if r.speedup is not None else "-"
             goodput_cells = f" {_fixed(r.goodput_rps):>10} {_fixed(r.goodput_share, 3):>6}" if goodput else ""
             lines.append(
@@ -560,6 +584,11 @@ def format_selection(selection: Selection, launches: Mapping[str, DeployLaunch] 
             )
         if level.winner is not None:
             lines.extend(launch_lines((launches or {}).get(level.winner.config_label)))
+            if level.winner.config_label in (lossy or {}):
+                lines.append(
+                    f"   {LOSSY_MARK}: the winner's greedy outputs are not the baseline's (lossless check "
+                    "below); --emit refuses it without --allow-lossy"
+                )
     return "\n".join(lines)
 
 

@@ -70,7 +70,14 @@ def plan_summary(plan: Plan) -> str:
         word = "dropped" if status == "invalid" else "adjusted"
         for v in by_status[status]:
             lines.append(f"  {word} {v.point.label}: {'; '.join(v.reasons) or 'no reason given'}")
+    for label, why in lossy_by_design(plan).items():
+        lines.append(f"  lossy {label}: {why} (best marks it, --emit refuses it without --allow-lossy)")
     return "\n".join(lines)
+
+
+def lossy_by_design(plan: Plan) -> dict[str, str]:
+    """Config label -> why its launch is lossy before it runs (an accept threshold below 1.0)."""
+    return {job.config_label: why for job in plan.jobs if (why := job.lossy_by_design())}
 
 
 def require_nothing_dropped(plan: Plan, source: str, *, allow_dropped: bool) -> None:
@@ -110,12 +117,16 @@ def print_plan(plan: Plan) -> None:
     table = Table(title=f"sweep {plan.sweep_id}: {len(plan.jobs)} job(s)", title_justify="left")
     for column in ("point", "requested", "effective", "status", "job id(s) / reasons"):
         table.add_column(column, overflow="fold")
+    lossy_ids = {job.config_id for job in plan.jobs if job.lossy_by_design()}
     for v in plan.verdicts:
         detail = ", ".join(jobs_of.get(v.config_id, [])) if v.config_id else "; ".join(v.reasons)
         if v.config_id and v.reasons:
             detail += "\n" + "; ".join(v.reasons)
-        table.add_row(v.point.label, _params(v.point.requested), _params(v.effective), v.status, detail)
+        status = v.status + (" LOSSY" if v.config_id in lossy_ids else "")
+        table.add_row(v.point.label, _params(v.point.requested), _params(v.effective), status, detail)
     table_console().print(table)
+    for label, why in lossy_by_design(plan).items():
+        print(f"lossy by design: {label}: {why}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,10 +34,12 @@ from analysis.schema import (
     CapacityProbeRecord,
     JobRecord,
     LevelRecord,
+    LosslessRecord,
     RequestRecord,
     capacity_table,
     jobs_table,
     levels_table,
+    lossless_table,
     requests_table,
     write_parquet_atomic,
 )
@@ -95,6 +97,7 @@ class _Attempt:
     entered: float  # time.monotonic() when run_job was called
     telemetry: dict[str, pa.Table] = field(default_factory=dict)  # server_metrics, gpu_metrics
     probes: list[CapacityProbeRecord] = field(default_factory=list)  # the capacity search's, if any
+    lossless: list[LosslessRecord] = field(default_factory=list)  # the lossless check's, if asked for
 
 
 def config_mismatches(planned: SpecParams, live: SpecParams) -> list[str]:
@@ -259,6 +262,8 @@ class NodeWorker:
         mismatches = config_mismatches(job.effective, SpecParams.from_mapping(info))
         if mismatches:
             raise ServerFailure(ErrorClass.CONFIG_MISMATCH, "; ".join(mismatches), server.log_tail())
+        if job.lossless_check:
+            self._lossless_check(state, server)
         workload = job.load.workload.model_copy(update={"seed": job.seed})
         requests: list[RequestRecord] = []
         levels: list[LevelRecord] = []
@@ -279,6 +284,20 @@ class NodeWorker:
             state.telemetry = telemetry.stop(job.sweep_id, job.job_id)
         self._snapshot_metrics(server, state)
         return requests, levels
+
+    def _lossless_check(self, state: _Attempt, server: ServerProcess) -> None:
+        """The lossless check's greedy prompts, before the load levels (which flush the cache after it)."""
+        from workers.load.lossless import run_check
+
+        job = state.job
+        self._check_cancel()
+        with LevelWatch(server, job.timeouts.level_s, job.timeouts.stop_s) as watch:
+            state.lossless = run_check(
+                server.url, sweep_id=job.sweep_id, job_id=job.job_id, request_timeout_s=job.timeouts.request_s
+            )
+        self._check_cancel()
+        watch.raise_if_ended()
+        self._check_alive(server)
 
     def _run_levels(
         self,
@@ -523,6 +542,7 @@ class NodeWorker:
                 "requests": requests_table(requests),
                 "levels": levels_table(levels),
                 **({"capacity": capacity_table(state.probes)} if state.job.load.capacity else {}),
+                **({"lossless": lossless_table(state.lossless)} if state.job.lossless_check else {}),
                 **state.telemetry,
                 **tables,
             }

@@ -83,4 +83,5 @@ def job_record(
         if facts.input_digests is not None
         else None,
         axes=json.dumps(dict(job.axes)) if job.axes else None,
+        lossy_by_design=job.lossy_by_design(),
     )

@@ -32,6 +32,16 @@ PROFILE_PREFIX = "profile_prefix"  # trace file name prefix
 SSE_DATA_PREFIX = b"data: "
 SSE_DONE = b"[DONE]"
 
+# --- /generate request and response bodies (``GenerateReqInput``, srt/managers/io_struct.py) ----------
+GENERATE_TEXT = "text"  # request: the prompt as text (tokenized by the server)
+GENERATE_SAMPLING_PARAMS = "sampling_params"  # request: {"temperature", "max_new_tokens", ...}
+SAMPLING_TEMPERATURE = "temperature"  # 0: greedy
+SAMPLING_MAX_NEW_TOKENS = "max_new_tokens"
+# Response: the generated token ids, cumulative (every output id of the request on the final, and the
+# only, chunk of a non-streaming request): TokenizerManager._handle_batch_output's ``state.output_ids``
+# (srt/managers/tokenizer_manager.py), filled with or without skip_tokenizer_init.
+GENERATE_OUTPUT_IDS = "output_ids"
+
 # --- /generate meta_info -----------------------------------------------------------------------------
 META_ID = "id"
 META_FINISH_REASON = "finish_reason"

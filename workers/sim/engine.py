@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.sim.adaptive import AdaptiveSchedule
-from workers.sim.faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line
+from workers.sim.faults import RUNTIME_CRASH_TRACEBACK, die_like_sglang, log_line, lossy_from
 from workers.sim.model import (
     DraftShape,
     SimProfile,
@@ -75,6 +75,7 @@ class SimRequest:
     probs: tuple[float, ...]
     rng: random.Random
     token_base: int  # where the output walks the vocabulary from: same prompt, same text (as greedy)
+    lossy_from: int | None = None  # a lossy fault: output position from which the token ids are wrong
     health_check: bool = False
     streaming: bool = False  # the client asked for a stream (SGLang's is_streaming metric label)
     seq_no: int = 0  # 1-based order among generation requests (0: health check)
@@ -105,6 +106,8 @@ class SimRequest:
                 self.finish_reason = {"type": "stop", "matched": EOS_TOKEN_ID}
                 return
             token = (self.token_base + position * _TOKEN_STRIDE) % EOS_TOKEN_ID
+            if self.lossy_from is not None and position >= self.lossy_from:
+                token = (token + 1) % EOS_TOKEN_ID
             self.output_ids.append(token)
             self.text += _TOKEN_TEXT[token]
             if self.stop and self._hit_stop():
@@ -195,12 +198,17 @@ class SimEngine:
         category: str | None = None,
         health_check: bool = False,
     ) -> SimRequest:
-        """A request seeded by (seed, prompt, how often this prompt was seen): reproducible per request."""
+        """A request seeded by (seed, prompt, how often this prompt was seen): reproducible per request.
+        At temperature 0 the output (ids and where EOS ends it) depends on the prompt alone, as a greedy
+        decode does: the same in every batch and on every resend."""
         digest = hashlib.blake2b(prompt_key, digest_size=16).digest()
         occurrence = self._seen_prompts.get(digest, 0)
         self._seen_prompts[digest] = occurrence + 1
         rng = random.Random(f"{self.settings.seed}:{digest.hex()}:{occurrence}")
-        natural = None if ignore_eos else 1 + int(rng.expovariate(1.0 / self.profile.natural_output_tokens))
+        length_rng = random.Random(f"{self.settings.seed}:{digest.hex()}") if temperature == 0 else rng
+        natural = (
+            None if ignore_eos else 1 + int(length_rng.expovariate(1.0 / self.profile.natural_output_tokens))
+        )
         return SimRequest(
             rid=rid,
             prompt_tokens=max(prompt_tokens, 1),
@@ -210,6 +218,7 @@ class SimEngine:
             probs=self._probs(category or self.profile.default_category, temperature),
             rng=rng,
             token_base=int.from_bytes(digest[:8], "little") % EOS_TOKEN_ID,
+            lossy_from=None if health_check else lossy_from(self.settings, self.shape),
             health_check=health_check,
         )
 

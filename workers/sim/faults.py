@@ -16,7 +16,8 @@ import signal
 import sys
 import time
 
-from workers.sim.settings import FaultMode
+from workers.sim.model import DraftShape
+from workers.sim.settings import FaultMode, SimSettings
 
 _SCHEDULER_FRAME = (
     '  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 6367, '
@@ -90,3 +91,13 @@ def die_like_sglang(traceback_text: str, *, starting: bool) -> None:
     sys.stderr.flush()
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def lossy_from(settings: SimSettings, shape: DraftShape | None) -> int | None:
+    """The output position from which this server's token ids go wrong under a lossy fault (None: they
+    never do). Only speculative decoding can be lossy: the baseline always emits the greedy ids."""
+    if shape is None:
+        return None
+    if settings.fault is FaultMode.LOSSY or (settings.fault is FaultMode.LOSSY_TREE and shape.topk > 1):
+        return settings.fault_after
+    return None

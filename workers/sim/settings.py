@@ -16,7 +16,8 @@ does not have comes from the environment:
                                 once the weights are loaded (minutes): the window in which another
                                 process can take the port. Default 0.
 ``SPECSWEEP_SIM_FAULT``         one fault mode (see ``FaultMode``). Default: none.
-``SPECSWEEP_SIM_FAULT_AFTER``   for ``crash_after`` / ``hang_mid_stream``: requests served normally first.
+``SPECSWEEP_SIM_FAULT_AFTER``   for ``crash_after`` / ``hang_mid_stream``: requests served normally first;
+                                for ``lossy`` / ``lossy_tree``: output tokens left right first.
 ``SPECSWEEP_SIM_FAULT_EVERY``   for ``http_500``: every N-th generation request fails with HTTP 500.
 ``SPECSWEEP_SIM_REUSE_PORT``    ``1``: bind with SO_REUSEPORT, so several servers (each its own scheduler)
                                 share one port; benchmarks use it to give a batch-independent paced
@@ -69,6 +70,10 @@ class FaultMode(StrEnum):
     HANG_MID_STREAM = "hang_mid_stream"  # the scheduler stalls halfway through request FAULT_AFTER + 1
     HTTP_500 = "http_500"  # every FAULT_EVERY-th generation request answers HTTP 500
     FLUSH_REFUSED = "flush_refused"  # /flush_cache always answers 400, as SGLang does while requests run
+    # Wrong output: from output position FAULT_AFTER on, a speculative server emits other token ids than
+    # the target's greedy ones (every speculative config; or only trees, topk > 1, as in EAGLE #301).
+    LOSSY = "lossy"
+    LOSSY_TREE = "lossy_tree"
 
 
 class SimSettings(BaseModel):
