@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from harness.plan import unchecked_plan
+from harness.results import commit_jobs_row, output_for
 from harness.search.model import (
     Candidate,
     Capacity,
@@ -27,7 +30,10 @@ from harness.search.model import (
     residual_at,
     residual_inputs,
 )
+from harness.search.session import read_capacity
 from harness.search.strategy import Budget, Decision, SearchState, propose
+from harness.spec import parse_spec
+from workers.node.records import AttemptFacts, job_record
 from workers.sglang.capacity import reported_capacity
 
 TOLERANCE = 0.01
@@ -286,3 +292,35 @@ def test_search_answers_with_a_tie_set_holding_the_true_best_when_launches_are_n
             assert any(truth[cid] >= 0.98 * best for cid in level.tie), (seed, name, level.tie)
             held += _true_best(clients).config_id in level.tie
     assert held >= 16 and max(launches) < 0.6 * 3 * len(grid()), (held, launches)
+
+
+def test_session_reads_what_a_launch_reported_when_its_jobs_row_is_committed(tmp_path: Path) -> None:
+    """A job's committed jobs row (built by the worker's own job_record, written by the driver's own
+    commit) with SGLang's resolved args in its /server_info: the session reads captured sizes 1..8,
+    10, 12, 14, 16 clamped to the cap of 12, and the cap; a row without /server_info reads as None."""
+    spec = parse_spec(
+        {
+            "engine": "sim",
+            "model_path": "/m",
+            "speculative": {"chain_depths": [2, 3]},
+            "load": {"concurrency": [1, 4], "requests_per_level": 4},
+            "search": {"strategy": "model"},
+        }
+    )
+    plan = unchecked_plan(spec)
+    job, other = plan.jobs[1], plan.jobs[2]
+    info = {"cuda_graph_max_bs_decode": 16, "max_running_requests": 12, "speculative_algorithm": "EAGLE3"}
+    out = output_for(tmp_path)
+    commit_jobs_row(
+        out,
+        job_record(
+            job, attempt=1, error_class=None, error_message=None, facts=AttemptFacts(server_info=info)
+        ),
+    )
+    commit_jobs_row(
+        out, job_record(other, attempt=1, error_class=None, error_message=None, facts=AttemptFacts())
+    )
+    assert read_capacity(out.store, plan.sweep_id, job.job_id) == Capacity(
+        (1, 2, 3, 4, 5, 6, 7, 8, 10, 12), 12
+    )
+    assert read_capacity(out.store, plan.sweep_id, other.job_id) is None
