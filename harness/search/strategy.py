@@ -53,6 +53,7 @@ from harness.search.model import (
     tree_inputs,
 )
 
+LOSS_DRAWS = 4000  # samples of a tie set's true means when its expected loss is estimated
 NOISE_PROBES = 2  # repeats that measure the launch noise before the prior is left to decide ties
 
 
@@ -184,11 +185,15 @@ def _predictions_within(state: SearchState, noise: tuple[float, int]) -> dict[tu
     for (cand, name, clients, a_point, capacity), (a_low, a_high), (y, rel) in zip(
         queries, bounds, fit.predict_many(queries), strict=True
     ):
-        running = capacity.running(clients)
-        point = a_point * running / y if y > 0 else math.inf
-        low = a_low * running / (y * (1.0 + Z * rel)) if y > 0 else 0.0
-        high = a_high * running / (y * (1.0 - Z * rel)) if y > 0 and Z * rel < 1.0 else math.inf
-        out[(cand.config_id, name)] = Prediction(point, min(low, point), max(high, point), False)
+        if y <= 0 or a_low <= 0:
+            out[(cand.config_id, name)] = Prediction(math.inf, 0.0, math.inf, False)
+            continue
+        # acceptance and step time are independent errors: their log half-widths add in quadrature
+        point = a_point * capacity.running(clients) / y
+        up = math.hypot(math.log(a_high / a_point), Z * rel)
+        down = math.hypot(math.log(a_point / a_low), Z * rel)
+        high = point * math.exp(up) if Z * rel < 1.0 else math.inf  # a step that may take no time
+        out[(cand.config_id, name)] = Prediction(point, point * math.exp(-down), high, False)
     return out
 
 
@@ -353,10 +358,10 @@ def _beliefs(
 def _next_repeats(
     state: SearchState, ties: dict[str, tuple[str, ...]], noise: tuple[float, int], tolerance: float
 ) -> list[tuple[str, int]]:
-    """The next repeat of the configs of every tie that matters: one where the expected shortfall of the
-    best measured config from the others of its tie set (``_shortfall``, summed) exceeds ``tolerance``
+    """The next repeat of the configs of every tie that matters: one where the expected loss of answering
+    the best measured config (``_expected_loss``: against the best of the others) exceeds ``tolerance``
     of its mean. The best is repeated too (its lead may be its own launch's luck). Fewest launches
-    first, then the largest shortfall."""
+    first, then the largest shortfall against the best (``_shortfall``)."""
     runs: dict[str, int] = defaultdict(int)
     for o in state.observations:
         runs[o.config_id] += 1
@@ -367,7 +372,9 @@ def _next_repeats(
         values = _launches_at(state, name)
         best = values[tie[0]] if tie else []
         losses = {cid: _shortfall(best, values[cid], noise[0]) for cid in tie[1:]}
-        if sum(losses.values()) <= tolerance * (sum(best) / len(best) if best else 0.0):
+        if not losses or _expected_loss([best, *(values[c] for c in tie[1:])], noise[0]) <= tolerance * (
+            sum(best) / len(best)
+        ):
             continue
         for cid, loss in losses.items():
             for pick in (tie[0], cid):
@@ -396,6 +403,17 @@ def _noise_probes(
         if tie and tie[0] not in picks and tie[0] not in flying and runs[tie[0]] < state.repeats:
             picks.append(tie[0])
     return [(cid, runs[cid]) for cid in picks[:needed]]
+
+
+def _expected_loss(tie: list[list[float]], noise: float) -> float:
+    """E[max(0, best true mean of the others - the first's true mean)]: what answering the first config of
+    a tie set may cost, each config's true mean normal around its launches' mean with launch noise.
+    Sampled with a fixed seed (LOSS_DRAWS draws), so the same results give the same decision."""
+    rng = np.random.default_rng(0)
+    means = np.array([sum(v) / len(v) for v in tie])
+    sds = np.array([noise * m / math.sqrt(len(v)) for m, v in zip(means, tie, strict=True)])
+    draws = rng.standard_normal((len(tie), LOSS_DRAWS)) * sds[:, None] + means[:, None]
+    return float(np.mean(np.maximum(draws[1:].max(axis=0) - draws[0], 0.0)))
 
 
 def _shortfall(best: list[float], other: list[float], noise: float) -> float:
