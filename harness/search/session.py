@@ -17,10 +17,11 @@ from analysis import layout
 from analysis.store import ResultStore, as_store
 from harness.plan import Plan
 from harness.queue import JobQueue
-from harness.search.model import Candidate, LevelResult, Observation
+from harness.search.model import Candidate, Capacity, LevelResult, Observation
 from harness.search.strategy import Budget, Decision, SearchState, propose
 from harness.spec import SweepSpec
 from workers.job import JobSpec
+from workers.sglang.capacity import reported_capacity
 
 BELIEF_KEY = "search_belief"
 LEVEL_COLUMNS = ("load_level", "concurrency", "output_tok_s", "correct_drafts_histogram")
@@ -43,6 +44,19 @@ def candidates_of(plan: Plan) -> tuple[Candidate, ...]:
             ),
         )
     return tuple(seen.values())
+
+
+def read_capacity(store: ResultStore, sweep_id: str, job_id: str) -> Capacity | None:
+    """What one committed job's server reported about its batches (its ``jobs`` row's ``/server_info``):
+    the captured CUDA-graph sizes and the running-request cap; None when it reported nothing."""
+    table = store.read_table(
+        layout.job_part_path(layout.ROOT, "jobs", sweep_id, job_id), columns=["server_info_json"]
+    )
+    infos = [row["server_info_json"] for row in table.to_pylist()] if table is not None else []
+    if not infos or infos[-1] is None:
+        return None
+    captured, running_cap = reported_capacity(json.loads(infos[-1]))
+    return Capacity(captured, running_cap)
 
 
 def read_levels(store: ResultStore, sweep_id: str, job_id: str) -> tuple[LevelResult, ...]:
@@ -76,6 +90,7 @@ class SearchSession:
         self.jobs = {(job.config_id, job.repeat_index): job for job in plan.jobs}
         self.levels = tuple((f"concurrency={c}", c) for c in spec.load.concurrency)
         self._levels_of: dict[str, tuple[LevelResult, ...]] = {}  # committed job -> its levels
+        self._capacity_of: dict[str, Capacity | None] = {}  # committed job -> what its server reported
 
     def state(self, queue: JobQueue) -> SearchState:
         """What the sweep knows now, from the queue and the committed results."""
@@ -94,9 +109,14 @@ class SearchSession:
             if row.state == "done":
                 if row.id not in self._levels_of:
                     self._levels_of[row.id] = read_levels(self.out, self.sweep_id, row.id)
+                    self._capacity_of[row.id] = read_capacity(self.out, self.sweep_id, row.id)
                 observations.append(
                     Observation(
-                        job.config_id, job.repeat_index, node_s.get(row.id, 0.0), self._levels_of[row.id]
+                        job.config_id,
+                        job.repeat_index,
+                        node_s.get(row.id, 0.0),
+                        self._levels_of[row.id],
+                        self._capacity_of[row.id],
                     )
                 )
             elif row.state == "failed":
@@ -133,6 +153,7 @@ def belief_json(decision: Decision) -> str:
         {
             "reason": decision.reason,
             "finished": decision.finished,
+            "launch_noise": decision.launch_noise,
             "levels": [asdict(level) for level in decision.levels],
         }
     )

@@ -13,11 +13,13 @@ Rounds, in order:
 2. Contention: a config not yet launched stays in contention while its predicted interval reaches
    above the best measured throughput (times ``1 + tolerance``) at some level; those are launched,
    highest predicted gain first.
-3. Successive halving over repeats: measured configs whose interval still overlaps the best's at some
-   level get their next repeat (up to the spec's ``repeats``); the others are settled.
+3. Repeats of the tie sets that matter: a level's tie set is its best measured config and every
+   measured config whose shortfall from it is not resolved at 95% with launch noise; while answering
+   the best may cost more than ``tolerance`` (the expected shortfall summed over its tie set), its
+   tied configs are repeated, fewest launches first (up to the spec's ``repeats``).
 
 The search ends when nothing is in contention and nothing is in flight, or when the budget is spent;
-each level's answer is its best measured config (never a prediction).
+each level's answer is its tie set of measured configs (never a prediction), best first.
 """
 
 from __future__ import annotations
@@ -27,8 +29,15 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+from threadpoolctl import threadpool_limits
+
 from harness.search.model import (
+    NOISE_PRIOR,
+    NOISE_PRIOR_DOF,
+    UNKNOWN_CAPACITY,
     Candidate,
+    Capacity,
     Observation,
     Prediction,
     Z,
@@ -36,9 +45,16 @@ from harness.search.model import (
     chain_acceptance,
     fit_gain,
     fit_steps,
+    fit_tree_correction,
+    launch_noise,
+    measured_interval,
+    quantile,
+    residual_at,
+    tree_inputs,
 )
 
-MEASUREMENT_NOISE = 0.02  # relative sd of one launch's throughput at one level, before residuals say more
+LOSS_DRAWS = 4000  # samples of a tie set's true means when its expected loss is estimated
+NOISE_PROBES = 2  # repeats that measure the launch noise before the prior is left to decide ties
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +86,9 @@ class LevelBelief:
     best_label: str | None  # best measured config (None: nothing measured yet)
     best_throughput: float | None
     contenders: tuple[str, ...]  # labels whose interval still reaches the best (launched or not)
+    # config_ids of the answer set, best first: the best measured and every measured config whose
+    # difference from it is not resolved at 95% with launch noise (one when decided; empty: none measured)
+    tie: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +99,7 @@ class Decision:
     reason: str
     finished: bool  # nothing more to launch and nothing in flight
     levels: tuple[LevelBelief, ...]
+    launch_noise: float = NOISE_PRIOR  # relative sd of one launch's mean (repeats pooled with the prior)
 
 
 def _subspaces(candidates: tuple[Candidate, ...]) -> list[tuple[Candidate, ...]]:
@@ -90,52 +110,90 @@ def _subspaces(candidates: tuple[Candidate, ...]) -> list[tuple[Candidate, ...]]
     return [tuple(group) for group in groups.values()]
 
 
-def predictions(state: SearchState, noise: float = MEASUREMENT_NOISE) -> dict[tuple[str, str], Prediction]:
-    """Throughput interval of every candidate at every level: measured ones from their launches,
-    the others from the model (see harness.search.model), fitted within each server-axis setting on its
-    own: the model has no term for an axis, so it carries nothing from one setting to another."""
+def predictions(
+    state: SearchState, noise: tuple[float, int] | None = None
+) -> dict[tuple[str, str], Prediction]:
+    """Throughput interval of every candidate at every level: measured ones from their launches and
+    the launch noise (``noise``: relative sd and its degrees of freedom; estimated from the repeats when
+    None), the others from the model (see harness.search.model), fitted within each server-axis setting
+    on its own: the model has no term for an axis, so it carries nothing from one setting to another."""
+    noise = noise or launch_noise(list(state.observations))
     out: dict[tuple[str, str], Prediction] = {}
-    for group in _subspaces(state.candidates):
-        ids = {c.config_id for c in group}
-        own = tuple(o for o in state.observations if o.config_id in ids)
-        out |= _predictions_within(dataclasses.replace(state, candidates=group, observations=own), noise)
+    with threadpool_limits(limits=1):  # matrices of a few hundred rows: BLAS threads only contend
+        for group in _subspaces(state.candidates):
+            ids = {c.config_id for c in group}
+            own = tuple(o for o in state.observations if o.config_id in ids)
+            out |= _predictions_within(dataclasses.replace(state, candidates=group, observations=own), noise)
     return out
 
 
-def _predictions_within(state: SearchState, noise: float) -> dict[tuple[str, str], Prediction]:
+def _capacities(cands: dict[str, Candidate], obs: list[Observation]) -> dict[str, Capacity]:
+    """Each candidate's batches: what its own launch reported, else what a launch of the same kind
+    (speculative or not) reported in this setting (SGLang pads and caps by kind), else unknown."""
+    reported = {o.config_id: o.capacity for o in obs if o.capacity is not None}
+    by_kind: dict[bool, Capacity] = {}
+    for cid, capacity in reported.items():
+        by_kind.setdefault(cands[cid].speculative, capacity)
+    return {
+        cid: reported.get(cid) or by_kind.get(cand.speculative, UNKNOWN_CAPACITY)
+        for cid, cand in cands.items()
+    }
+
+
+def _predictions_within(state: SearchState, noise: tuple[float, int]) -> dict[tuple[str, str], Prediction]:
     """``predictions`` for candidates that share one server-axis setting."""
     cands = {c.config_id: c for c in state.candidates}
     obs = list(state.observations)
     names = tuple(name for name, _ in state.levels)
     q_by_level = {name: chain_acceptance(cands, obs, name) for name in names}
     gain, gain_low, gain_high = fit_gain(cands, obs, q_by_level)
-    fit = fit_steps(cands, obs, names, noise)
+    correction = fit_tree_correction(cands, obs, q_by_level, gain, noise[0])
+    capacity_of = _capacities(cands, obs)
+    fit = fit_steps(cands, obs, names, noise[0], capacity_of)
     measured: dict[tuple[str, str], list[float]] = defaultdict(list)
     for o in obs:
         for result in o.levels:
             measured[(o.config_id, result.level)].append(result.throughput)
+    trees = [c for c in state.candidates if c.speculative and not c.is_chain]
+    tree_shift = dict.fromkeys((c.config_id for c in trees), (0.0, 0.0))
+    if correction is not None and trees:  # the tree law, as wrong as on the measured trees
+        shifts, spreads = residual_at(correction, np.array([tree_inputs(c) for c in trees]))
+        tree_shift = {
+            c.config_id: (float(a), float(b)) for c, a, b in zip(trees, shifts, spreads, strict=True)
+        }
     out: dict[tuple[str, str], Prediction] = {}
+    queries: list[tuple[Candidate, str, int, float, Capacity]] = []
+    bounds: list[tuple[float, float]] = []
     for cand in state.candidates:
-        for name, batch in state.levels:
+        capacity = capacity_of[cand.config_id]
+        for name, clients in state.levels:
             values = measured.get((cand.config_id, name))
             if values:
-                mean = sum(values) / len(values)
-                half = Z * noise * mean / math.sqrt(len(values))
-                out[(cand.config_id, name)] = Prediction(mean, mean - half, mean + half, True)
+                out[(cand.config_id, name)] = measured_interval(values, *noise)
                 continue
             q = q_by_level[name]
             last = q[-1] if q else 1.0
             if cand.speculative:
-                a_point = accept_length(cand, q, gain, extrapolate=last)
-                a_low = accept_length(cand, q, gain_low, extrapolate=0.0)
-                a_high = accept_length(cand, q, gain_high, extrapolate=last)
+                shift, spread = tree_shift.get(cand.config_id, (0.0, 0.0))
+                a_point = accept_length(cand, q, gain, extrapolate=last) * math.exp(shift)
+                a_low = accept_length(cand, q, gain_low, extrapolate=0.0) * math.exp(shift - Z * spread)
+                a_high = accept_length(cand, q, gain_high, extrapolate=last) * math.exp(shift + Z * spread)
             else:
                 a_point = a_low = a_high = 1.0
-            y, sd = fit.predict(cand, name, batch, a_point)
-            point = a_point * batch / y if y > 0 else math.inf
-            low = a_low * batch / (y + Z * sd) if y + Z * sd > 0 else 0.0
-            high = a_high * batch / (y - Z * sd) if y - Z * sd > 0 else math.inf
-            out[(cand.config_id, name)] = Prediction(point, min(low, point), max(high, point), False)
+            queries.append((cand, name, clients, a_point, capacity))
+            bounds.append((a_low, a_high))
+    for (cand, name, clients, a_point, capacity), (a_low, a_high), (y, rel) in zip(
+        queries, bounds, fit.predict_many(queries), strict=True
+    ):
+        if y <= 0 or a_low <= 0:
+            out[(cand.config_id, name)] = Prediction(math.inf, 0.0, math.inf, False)
+            continue
+        # acceptance and step time are independent errors: their log half-widths add in quadrature
+        point = a_point * capacity.running(clients) / y
+        up = math.hypot(math.log(a_high / a_point), Z * rel)
+        down = math.hypot(math.log(a_point / a_low), Z * rel)
+        high = point * math.exp(up) if Z * rel < 1.0 else math.inf  # a step that may take no time
+        out[(cand.config_id, name)] = Prediction(point, point * math.exp(-down), high, False)
     return out
 
 
@@ -183,39 +241,90 @@ def _budget_left(state: SearchState, budget: Budget) -> int | None:
 
 def propose(state: SearchState, free: int, budget: Budget, tolerance: float) -> Decision:
     """The next at most ``free`` launches (see the module docstring for the rounds)."""
-    preds = predictions(state)
-    beliefs, contention = _beliefs(state, preds, tolerance)
+    noise = launch_noise(list(state.observations))
+    preds = predictions(state, noise)
+    ties = {name: tie_set(state, name, noise) for name, _ in state.levels}
+    beliefs, contention = _beliefs(state, preds, ties, tolerance)
     touched = {cid for cid, _ in state.in_flight} | {o.config_id for o in state.observations} | state.failed
     allowed = free if (left := _budget_left(state, budget)) is None else min(free, left)
     idle = not state.in_flight
+
+    def decision(launches: list[tuple[str, int]], reason: str, finished: bool) -> Decision:
+        return Decision(tuple(launches), reason, finished, beliefs, noise[0])
+
     if left == 0:
-        return Decision((), "budget spent", idle, beliefs)
+        return decision([], "budget spent", idle)
     if allowed <= 0:
-        return Decision((), "no free slot", False, beliefs)
+        return decision([], "no free slot", False)
     seeds = [(c.config_id, 0) for c in seed_order(state.candidates) if c.config_id not in touched]
     if seeds:
-        return Decision(tuple(seeds[:allowed]), "seed", False, beliefs)
-    fresh = [cid for cid in contention if cid not in touched]
+        return decision(seeds[:allowed], "seed", False)
+    fresh = [(cid, 0) for cid in contention if cid not in touched]
     if fresh:
-        return Decision(tuple((cid, 0) for cid in fresh[:allowed]), "in contention", False, beliefs)
-    repeats = _next_repeats(state, preds, tolerance)
+        return decision(fresh[:allowed], "in contention", False)
+    probes = _noise_probes(state, ties, noise)
+    if probes:
+        return decision(probes[:allowed], "repeat to measure launch noise", False)
+    repeats = _next_repeats(state, ties, noise, tolerance)
     if repeats:
-        return Decision(tuple(repeats[:allowed]), "repeat of a tied config", False, beliefs)
-    return Decision((), "settled" if idle else "waiting for launches in flight", idle, beliefs)
+        return decision(repeats[:allowed], "repeat of a tied config", False)
+    return decision([], "settled" if idle else "waiting for launches in flight", idle)
+
+
+def _launches_at(state: SearchState, level: str) -> dict[str, list[float]]:
+    """Each measured config's throughputs at ``level``, one per launch (configs failed for good left out)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for o in state.observations:
+        if o.config_id in state.failed:
+            continue
+        for result in o.levels:
+            if result.level == level:
+                values[o.config_id].append(result.throughput)
+    return values
+
+
+def _unresolved(best: list[float], other: list[float], noise: tuple[float, int]) -> tuple[float, float]:
+    """(difference of the means, its 95% half-width with launch noise) of two configs' launches."""
+    mb, mo = sum(best) / len(best), sum(other) / len(other)
+    half = quantile(noise[1]) * noise[0] * math.sqrt(mb**2 / len(best) + mo**2 / len(other))
+    return mb - mo, half
+
+
+def tie_set(state: SearchState, level: str, noise: tuple[float, int]) -> tuple[str, ...]:
+    """The answer at ``level``, best first: the best measured config and every measured config whose
+    shortfall from it is within the 95% half-width of a difference of two means with launch noise."""
+    values = _launches_at(state, level)
+    order = sorted(values, key=lambda cid: -sum(values[cid]) / len(values[cid]))
+    if not order:
+        return ()
+    best = values[order[0]]
+    return (
+        order[0],
+        *(
+            cid
+            for cid in order[1:]
+            if _unresolved(best, values[cid], noise)[0] < _unresolved(best, values[cid], noise)[1]
+        ),
+    )
 
 
 def _beliefs(
-    state: SearchState, preds: dict[tuple[str, str], Prediction], tolerance: float
+    state: SearchState,
+    preds: dict[tuple[str, str], Prediction],
+    ties: dict[str, tuple[str, ...]],
+    tolerance: float,
 ) -> tuple[tuple[LevelBelief, ...], list[str]]:
-    """Per level, the best measured config and the contenders; plus the unlaunched contenders of any
-    level, highest predicted gain over the best first. A launch in flight predicted to beat a contender
-    raises that contender's bar: it is launched only if it may still beat the launch in flight."""
+    """Per level, the best measured config, its tie set and the contenders (the tie set plus the
+    unlaunched configs that may beat the best); plus the unlaunched contenders of any level, highest
+    predicted gain over the best first. A launch in flight predicted to beat a contender raises that
+    contender's bar: it is launched only if it may still beat the launch in flight."""
     labels = {c.config_id: c.label for c in state.candidates}
     flying = {cid for cid, _ in state.in_flight}
     gain: dict[str, float] = {}
     beliefs = []
     for name, _ in state.levels:
-        best = _best_measured(preds, name)
+        best = _best_measured(preds, name, state.failed)
+        tied = set(ties[name])
         awaited = max((preds[(cid, name)].point for cid in flying), default=0.0)
         contenders = []
         for cand in state.candidates:
@@ -225,7 +334,7 @@ def _beliefs(
             if best is None:
                 in_play, ratio = True, math.inf
             elif p.measured:
-                in_play, ratio = cand.config_id == best[0] or p.high >= best[1].low, 0.0
+                in_play, ratio = cand.config_id in tied, 0.0
             else:
                 in_play, ratio = p.high > best[1].point * (1.0 + tolerance), p.point / best[1].point
             if not in_play:
@@ -239,6 +348,7 @@ def _beliefs(
                 best_label=labels[best[0]] if best else None,
                 best_throughput=best[1].point if best else None,
                 contenders=tuple(contenders),
+                tie=ties[name],
             )
         )
     order = sorted(gain, key=lambda cid: -gain[cid])
@@ -246,37 +356,84 @@ def _beliefs(
 
 
 def _next_repeats(
-    state: SearchState, preds: dict[tuple[str, str], Prediction], tolerance: float
+    state: SearchState, ties: dict[str, tuple[str, ...]], noise: tuple[float, int], tolerance: float
 ) -> list[tuple[str, int]]:
-    """The next repeat of every measured config still tied with its level's best, most promising first."""
-    if state.repeats <= 1:
-        return []
+    """The next repeat of the configs of every tie that matters: one where the expected loss of answering
+    the best measured config (``_expected_loss``: against the best of the others) exceeds ``tolerance``
+    of its mean. The best is repeated too (its lead may be its own launch's luck). Fewest launches
+    first, then the largest shortfall against the best (``_shortfall``)."""
     runs: dict[str, int] = defaultdict(int)
     for o in state.observations:
         runs[o.config_id] += 1
     flying = {cid for cid, _ in state.in_flight}
     wanted: dict[str, float] = {}
     for name, _ in state.levels:
-        best = _best_measured(preds, name)
-        if best is None:
+        tie = ties[name]
+        values = _launches_at(state, name)
+        best = values[tie[0]] if tie else []
+        losses = {cid: _shortfall(best, values[cid], noise[0]) for cid in tie[1:]}
+        if not losses or _expected_loss([best, *(values[c] for c in tie[1:])], noise[0]) <= tolerance * (
+            sum(best) / len(best)
+        ):
             continue
-        tied = [
-            (cid, p)
-            for (cid, lv), p in preds.items()
-            if lv == name
-            and p.measured
-            and cid not in state.failed
-            and p.high >= best[1].low * (1.0 + tolerance)
-        ]
-        if len(tied) < 2:  # the best alone: nothing to tell apart
-            continue
-        for cid, p in tied:
-            if runs[cid] < state.repeats and cid not in flying:
-                wanted[cid] = max(wanted.get(cid, 0.0), p.point / best[1].point)
-    return [(cid, runs[cid]) for cid in sorted(wanted, key=lambda c: -wanted[c])]
+        for cid, loss in losses.items():
+            for pick in (tie[0], cid):
+                wanted[pick] = max(wanted.get(pick, 0.0), loss)
+    eligible = [cid for cid in wanted if runs[cid] < state.repeats and cid not in flying]
+    return [(cid, runs[cid]) for cid in sorted(eligible, key=lambda c: (runs[c], -wanted[c]))]
 
 
-def _best_measured(preds: dict[tuple[str, str], Prediction], level: str) -> tuple[str, Prediction] | None:
+def _noise_probes(
+    state: SearchState, ties: dict[str, tuple[str, ...]], noise: tuple[float, int]
+) -> list[tuple[str, int]]:
+    """Repeats of the levels' best configs until NOISE_PROBES repeats measure the launch noise (when the
+    spec allows repeats): without them the prior alone would set every tie, and a prior below the real
+    noise would declare coin flips decided. Incumbents of the largest tie sets first; an incumbent is
+    the config most worth a second launch anyway (its lead may be its launch's luck)."""
+    pending = sum(1 for _, repeat in state.in_flight if repeat > 0)
+    needed = NOISE_PROBES - (noise[1] - NOISE_PRIOR_DOF) - pending
+    if state.repeats <= 1 or needed <= 0:
+        return []
+    runs: dict[str, int] = defaultdict(int)
+    for o in state.observations:
+        runs[o.config_id] += 1
+    flying = {cid for cid, _ in state.in_flight}
+    picks: list[str] = []
+    for tie in sorted(ties.values(), key=len, reverse=True):
+        if tie and tie[0] not in picks and tie[0] not in flying and runs[tie[0]] < state.repeats:
+            picks.append(tie[0])
+    return [(cid, runs[cid]) for cid in picks[:needed]]
+
+
+def _expected_loss(tie: list[list[float]], noise: float) -> float:
+    """E[max(0, best true mean of the others - the first's true mean)]: what answering the first config of
+    a tie set may cost, each config's true mean normal around its launches' mean with launch noise.
+    Sampled with a fixed seed (LOSS_DRAWS draws), so the same results give the same decision."""
+    rng = np.random.default_rng(0)
+    means = np.array([sum(v) / len(v) for v in tie])
+    sds = np.array([noise * m / math.sqrt(len(v)) for m, v in zip(means, tie, strict=True)])
+    draws = rng.standard_normal((len(tie), LOSS_DRAWS)) * sds[:, None] + means[:, None]
+    return float(np.mean(np.maximum(draws[1:].max(axis=0) - draws[0], 0.0)))
+
+
+def _shortfall(best: list[float], other: list[float], noise: float) -> float:
+    """E[max(0, other's true mean - best's true mean)]: what answering ``best`` may cost against
+    ``other``, the difference of the means normal with launch noise."""
+    mb, mo = sum(best) / len(best), sum(other) / len(other)
+    sd = noise * math.sqrt(mb**2 / len(best) + mo**2 / len(other))
+    if sd <= 0:
+        return max(0.0, mo - mb)
+    z = (mo - mb) / sd
+    return sd * math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) + (mo - mb) * 0.5 * math.erfc(
+        -z / math.sqrt(2.0)
+    )
+
+
+def _best_measured(
+    preds: dict[tuple[str, str], Prediction], level: str, failed: frozenset[str] = frozenset()
+) -> tuple[str, Prediction] | None:
     """The measured config with the highest mean throughput at ``level``."""
-    measured = [(cid, p) for (cid, lv), p in preds.items() if lv == level and p.measured]
+    measured = [
+        (cid, p) for (cid, lv), p in preds.items() if lv == level and p.measured and cid not in failed
+    ]
     return max(measured, key=lambda item: item[1].point, default=None)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import bisect
 
+from workers.sglang import api
+
 MIB = 1024 * 1024
 
 
@@ -85,3 +87,28 @@ def request_token_reserve(prompt_tokens: int, max_new_tokens: int, draft_tokens:
     its output up to the clip, a page of rounding, and the ``draft_tokens`` slots each verify step
     allocates for the draft tree (0 without speculation)."""
     return prompt_tokens + min(max_new_tokens, CLIP_MAX_NEW_TOKENS) + PAGE_SIZE + draft_tokens
+
+
+# /server_info fields (resolved server args) that say what a launch captured and how many requests it runs
+CUDA_GRAPH_BS_DECODE = "cuda_graph_bs_decode"  # the captured list when set explicitly
+CUDA_GRAPH_MAX_BS_DECODE = "cuda_graph_max_bs_decode"  # the list's top when it is generated
+DISABLE_CUDA_GRAPH = "disable_cuda_graph"
+SPECULATIVE_ALGORITHM = "speculative_algorithm"
+
+
+def reported_capacity(server_info: dict[str, object]) -> tuple[tuple[int, ...], int | None]:
+    """What one launch's ``/server_info`` says about its batches: (captured decode sizes, ascending; empty
+    when it runs eagerly or the fields are missing) and its running-request cap (None: not reported)."""
+    cap = server_info.get(api.MAX_RUNNING_REQUESTS)
+    running = cap if isinstance(cap, int) and cap > 0 else None
+    if server_info.get(DISABLE_CUDA_GRAPH):
+        return (), running
+    listed = server_info.get(CUDA_GRAPH_BS_DECODE)
+    top = server_info.get(CUDA_GRAPH_MAX_BS_DECODE)
+    if isinstance(listed, list) and listed and all(isinstance(bs, int) for bs in listed):
+        sizes = tuple(sorted(set(listed)))
+    elif isinstance(top, int) and top > 0:
+        sizes = decode_graph_batch_sizes(top, speculative=bool(server_info.get(SPECULATIVE_ALGORITHM)))
+    else:
+        return (), running
+    return (captured_batch_sizes(sizes, running) if running is not None else sizes), running
