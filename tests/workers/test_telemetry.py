@@ -318,3 +318,121 @@ def test_start_profile_writes_placeholder_trace_when_server_is_simulated(
     assert trace["traceEvents"] == [] and trace[api.PROFILE_NUM_STEPS] == 5
     problem = start_profile(f"http://127.0.0.1:{pick_free_port('127.0.0.1')}", out, "x", 5)
     assert problem is not None and problem.startswith("/start_profile failed")
+
+
+def test_telemetry_command_prints_each_reading_and_a_mean_max_summary_when_nvml_answers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Standalone, in process, through NVML's library layer (FakeNvml): ``--gpus 1`` samples GPU 1 only;
+    every reading is printed as ``<elapsed>s <labels> <metric> <value>``, then a summary line per GPU and
+    metric with mean / max and the sample count. GPU 1's power is a constant 650000 mW, so its summary is
+    ``650.0 / 650 (n samples)`` with n the number of power_w lines printed; NVML is shut down at the end."""
+    from workers.node.telemetry import main
+
+    nvml = FakeNvml()
+    nvml.install(monkeypatch)
+    assert main(["--gpus", "1", "--seconds", "0.05", "--interval-s", "0.02"]) == 0
+    out = capsys.readouterr().out
+    readings, _, summary = out.partition("summary (mean / max over the samples):\n")
+    power = [line.split() for line in readings.splitlines() if " power_w " in line]
+    assert power and all(fields[-1] == "650" and fields[0].endswith("s") for fields in power)
+    assert float(power[0][0].removesuffix("s")) == 0.0  # times from the first sample
+    assert '"gpu": "0"' not in out
+    assert f'  {{"gpu": "1"}} power_w: 650.0 / 650 ({len(power)} samples)' in summary.splitlines()
+    assert f'  {{"gpu": "1"}} memory_used_bytes: 1073741824.0 / 1.07374e+09 ({len(power)} samples)' in (
+        summary.splitlines()
+    )
+    assert nvml.initialised == 0
+
+
+def test_telemetry_command_writes_both_gpus_readings_to_parquet_when_out_is_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--gpus all --out FILE`` writes the raw samples (no printing): both GPUs' readings, every row in
+    the gpu_metrics table, power in watts (GPU 0: 412345 mW -> 412.345 W)."""
+    import pyarrow.parquet as pq
+
+    from workers.node.telemetry import main, summarize
+
+    FakeNvml().install(monkeypatch)
+    out = tmp_path / "raw.parquet"
+    assert main(["--gpus", "all", "--seconds", "0.05", "--interval-s", "0.02", "--out", str(out)]) == 0
+    table = pq.read_table(out)
+    assert set(table.column("table").to_pylist()) == {GPU}
+    means = {key: mean for key, (mean, _, _) in summarize(table).items()}
+    assert means[(json.dumps({"gpu": "0"}), "power_w")] == pytest.approx(412.345)
+    assert means[(json.dumps({"gpu": "1"}), "sm_clock_mhz")] == 345.0
+    assert (json.dumps({"gpu": "1"}), "temperature_c") not in means
+
+
+def test_summarize_gives_mean_max_and_count_per_gpu_and_metric_when_values_vary() -> None:
+    """Three power samples of GPU 0 (100, 300, 200 W) and one of GPU 1 (50 W): mean 200, max 300, 3
+    samples; 50, 50, 1; keys sorted by labels then metric."""
+    import pyarrow as pa
+
+    from workers.node.telemetry import RAW_SCHEMA, summarize
+
+    gpu0, gpu1 = json.dumps({"gpu": "0"}), json.dumps({"gpu": "1"})
+    rows = [(gpu1, 50.0), (gpu0, 100.0), (gpu0, 300.0), (gpu0, 200.0)]
+
+    table = pa.Table.from_pylist(
+        [
+            {
+                "clock_ns": i,
+                "time_unix_ns": i,
+                "table": GPU,
+                "metric": "power_w",
+                "kind": "gauge",
+                "labels": labels,
+                "value": value,
+            }
+            for i, (labels, value) in enumerate(rows)
+        ],
+        schema=RAW_SCHEMA,
+    )
+    assert list(summarize(table).items()) == [
+        ((gpu0, "power_w"), (200.0, 300.0, 3)),
+        ((gpu1, "power_w"), (50.0, 50.0, 1)),
+    ]
+
+
+def test_server_scraper_reads_metrics_and_counts_failures_when_scrapes_fail(sim: ServerProcess) -> None:
+    """A scrape of the server's /metrics (base URL with or without a trailing slash) gives its gauges;
+    a 404 (wrong base URL), no server at all and a 200 whose body is not Prometheus text each give no
+    readings and count one failure."""
+    import http.server
+    import threading
+
+    from workers.node.preflight import pick_free_port
+    from workers.node.telemetry import ServerScraper
+
+    scraper = ServerScraper(sim.url + "/", timeout_s=5.0)
+    assert scraper.url == sim.url + api.METRICS
+    readings = scraper.sample()
+    assert (api.METRIC_NUM_RUNNING, "gauge") in {(metric, kind) for metric, kind, _, _ in readings}
+    assert scraper.failures == 0
+
+    class Garbage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"sglang:num_running_reqs{ not prometheus\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for url in (
+            sim.url + "/nothing",
+            f"http://127.0.0.1:{pick_free_port('127.0.0.1')}",
+            f"http://127.0.0.1:{server.server_address[1]}",
+        ):
+            failing = ServerScraper(url, timeout_s=5.0)
+            assert failing.sample() == [] and failing.failures == 1, url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
