@@ -436,3 +436,74 @@ def test_server_scraper_reads_metrics_and_counts_failures_when_scrapes_fail(sim:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_telemetry_child_announces_gpu_off_and_waits_out_a_slow_server_when_run_as_the_worker_runs_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """As the node worker runs it (``--until-stdin-closes``, here a stdin that ends after 0.5 s): the
+    first stdout line is the JSON ready line naming why GPU sampling is off (GPU 5 of a host whose NVML
+    sees 2); a server that takes 0.3 s to answer /metrics is still read with a 0.05 s scrape interval
+    (the scrape timeout is at least 5 s), its gauge value 3 stored in the server_metrics rows."""
+    import http.server
+    import io
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from workers.node.telemetry import main
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(0.3)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(
+                b'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 3\n'
+            )
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    FakeNvml().install(monkeypatch)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    class ClosesLater(io.StringIO):
+        def read(self, size: int | None = -1) -> str:
+            time.sleep(0.5)
+            return ""
+
+    monkeypatch.setattr(sys, "stdin", ClosesLater())
+    out = tmp_path / "raw.parquet"
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        argv = ["--until-stdin-closes", "--gpus", "5", "--metrics-url", url, "--metrics-interval-s", "0.05"]
+        assert main([*argv, "--out", str(out)]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    printed = capsys.readouterr()
+    assert printed.out.splitlines() == [json.dumps({"gpu_off": "NVML sees 2 GPU(s); asked for [5]"})]
+    assert "GPU sampling off: NVML sees 2 GPU(s); asked for [5]" in printed.err
+    rows = pq.read_table(out).to_pylist()
+    assert rows and {(r["table"], r["metric"], r["value"]) for r in rows} == {
+        (SERVER, "sglang:num_running_reqs", 3.0)
+    }
+
+
+def test_telemetry_command_names_itself_and_the_two_ways_to_stop_when_neither_is_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without --seconds or --until-stdin-closes the command stops with argparse's usage error (exit 2),
+    which names the command as it is run and both options."""
+    from workers.node.telemetry import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--gpus", "all"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m workers.node.telemetry ")
+    assert "one of the arguments --seconds --until-stdin-closes is required" in err
