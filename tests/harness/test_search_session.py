@@ -1,0 +1,99 @@
+"""The search session's reading of a sweep: the plan's configs as candidates and each done job's
+committed ``levels`` file as its observation, through the real queue and store (no Ray, no server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analysis import layout
+from harness.plan import unchecked_plan
+from harness.queue import JobQueue
+from harness.search.model import LevelResult
+from harness.search.session import SearchSession
+from harness.spec import parse_spec
+
+SPEC = {
+    "engine": "sim",
+    "model_path": "/m",
+    "speculative": {"chain_depths": [2, 3, 4]},
+    "load": {"concurrency": [1, 4], "requests_per_level": 4},
+    "search": {"strategy": "model"},
+}
+LEVELS_SCHEMA = pa.schema(
+    [
+        pa.field("load_level", pa.string()),
+        pa.field("concurrency", pa.int64()),
+        pa.field("output_tok_s", pa.float64()),
+        pa.field("correct_drafts_histogram", pa.list_(pa.int64())),
+    ]
+)
+
+
+def _commit_levels(out: Path, sweep_id: str, job_id: str, rows: list[dict[str, object]]) -> None:
+    """A job's committed levels file with the columns the session reads."""
+    path = out / layout.job_part_path(layout.ROOT, "levels", sweep_id, job_id)
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=LEVELS_SCHEMA), path)
+
+
+def test_session_candidates_carry_each_configs_shape_when_the_plan_has_a_baseline_and_chains() -> None:
+    """One candidate per config in plan order: the baseline has no steps, topk or draft tokens; chain d=k
+    runs k - 1 steps, topk 1 and k draft tokens; no server axes, so every subspace is empty."""
+    spec = parse_spec(SPEC)
+    session = SearchSession(spec, unchecked_plan(spec), Path("/nonexistent"))
+    assert [(c.label, c.steps, c.topk, c.draft_tokens, c.subspace) for c in session.candidates] == [
+        ("baseline", None, None, None, ""),
+        ("chain d=2", 1, 1, 2, ""),
+        ("chain d=3", 2, 1, 3, ""),
+        ("chain d=4", 3, 1, 4, ""),
+    ]
+    assert session.levels == (("concurrency=1", 1), ("concurrency=4", 4))
+
+
+def test_session_state_reads_each_done_jobs_levels_when_they_are_committed(tmp_path: Path) -> None:
+    """Both seeds done, each with its levels file: the baseline measured 100 tok/s at 1 client and a
+    null throughput at 4 (read as 0), with no histogram; chain d=4 measured 300 tok/s at 1 client with
+    the histogram (5, 3, 2, 1, 9). A rate level (no concurrency) is not a closed-loop level: left out.
+    Each observation holds exactly those values, in the file's order; a job still pending has none."""
+    spec = parse_spec(SPEC)
+    plan = unchecked_plan(spec)
+    queue = JobQueue(tmp_path)
+    session = SearchSession(spec, plan, tmp_path)
+    _, jobs = session.next_jobs(queue, 3)
+    baseline, chain, pending = jobs
+    assert [job.config_label for job in jobs] == ["baseline", "chain d=4", "chain d=2"]
+    for _ in (baseline, chain):
+        lease = queue.lease(0, other_slots=False)
+        assert lease is not None and queue.complete(lease, node="n1", worker_s=1.0)
+    _commit_levels(
+        tmp_path,
+        plan.sweep_id,
+        baseline.job_id,
+        [
+            {"load_level": "concurrency=1", "concurrency": 1, "output_tok_s": 100.0,
+             "correct_drafts_histogram": None},
+            {"load_level": "rate=2", "concurrency": None, "output_tok_s": 50.0, "correct_drafts_histogram": None},
+            {"load_level": "concurrency=4", "concurrency": 4, "output_tok_s": None,
+             "correct_drafts_histogram": None},
+        ],
+    )  # fmt: skip
+    _commit_levels(
+        tmp_path,
+        plan.sweep_id,
+        chain.job_id,
+        [{"load_level": "concurrency=1", "concurrency": 1, "output_tok_s": 300.0,
+          "correct_drafts_histogram": [5, 3, 2, 1, 9]}],
+    )  # fmt: skip
+    state = session.state(queue)
+    queue.close()
+    assert {o.config_id: o.levels for o in state.observations} == {
+        baseline.config_id: (
+            LevelResult("concurrency=1", 1, 100.0, None),
+            LevelResult("concurrency=4", 4, 0.0, None),
+        ),
+        chain.config_id: (LevelResult("concurrency=1", 1, 300.0, (5, 3, 2, 1, 9)),),
+    }
+    assert state.in_flight == {(pending.config_id, 0)}
