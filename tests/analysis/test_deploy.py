@@ -144,3 +144,67 @@ def test_confirm_recommends_static_when_the_measured_schedule_falls_short_of_its
     if better == "higher":
         assert confirmation.mix_ci is not None
         assert (confirmation.mix_ci.low, confirmation.mix_ci.high) == pytest.approx((0.6811, 0.7089))
+
+
+def test_confirm_scores_a_level_zero_when_the_confirmation_has_no_ranking_there() -> None:
+    """The confirmation is ranked at the low level only (it missed an SLO at the high one): measured 100
+    of the tree's 125 there (0.8) and as good as the best chain, chain d=4 at 100 (1.0); at the high
+    level no objective, no interval, a score of 0 and no share of a chain. Mix (0.8 + 0) / 2 = 0.4, under
+    the static chain's 0.775: static; no mix interval (a level has none)."""
+    sweep = SELECTIONS["higher"]
+    with_low = _with_confirmation(sweep, {LOW: 100.0, HIGH: 0.0})
+    only_low = dataclasses.replace(
+        with_low,
+        levels=tuple(
+            dataclasses.replace(level, ranked=tuple(r for r in level.ranked if r.config_label != "adaptive"))
+            if level.load_level == HIGH
+            else level
+            for level in with_low.levels
+        ),
+    )
+    confirmation = confirm(sweep, only_low, "adaptive", "{1: 3, 8: 0}", SHAPES, CONCURRENCY, None)
+    by_level = {lc.load_level: lc for lc in confirmation.levels}
+    assert (by_level[LOW].objective, by_level[LOW].of_winner, by_level[LOW].of_best_chain) == (
+        100.0,
+        0.8,
+        1.0,
+    )
+    assert by_level[LOW].best_chain_label == "chain d=4"
+    high = by_level[HIGH]
+    assert (high.objective, high.objective_ci, high.of_winner, high.of_best_chain) == (None, None, 0.0, None)
+    assert confirmation.mix_score == pytest.approx(0.4) and confirmation.mix_ci is None
+    assert confirmation.recommended == "static"
+
+
+def test_confirm_names_no_chain_and_what_it_gives_up_when_only_a_tree_is_ranked_at_a_level() -> None:
+    """At the high level only the tree (100) is ranked (the baseline and the chain missed an SLO): the
+    confirmation at 50 reaches 0.5 of it, there is no best chain or baseline to compare with, and the
+    tree's win is what the schedule gives up: "'tree s=3 k=4' wins here; the adaptive server reaches
+    0.500 of it". At the low level (125 tree, 100 chain) it measured 125: 1.0 of the tree, 1.25 of the
+    chain, and again the tree's win is named (at 1.000)."""
+    sweep = SELECTIONS["higher"]
+    tree_only = dataclasses.replace(
+        sweep,
+        levels=tuple(
+            dataclasses.replace(level, ranked=(_ranked("tree s=3 k=4", 100.0, 1),)) if level.load_level == HIGH
+            else level
+            for level in sweep.levels
+        ),
+    )  # fmt: skip
+    measured = {LOW: 125.0, HIGH: 50.0}
+    with_confirmation = dataclasses.replace(
+        tree_only,
+        levels=tuple(
+            dataclasses.replace(
+                level, ranked=(*level.ranked, _ranked("adaptive", measured[level.load_level], 9))
+            )
+            for level in tree_only.levels
+        ),
+    )
+    confirmation = confirm(tree_only, with_confirmation, "adaptive", "{}", SHAPES, CONCURRENCY, None)
+    by_level = {lc.load_level: lc for lc in confirmation.levels}
+    assert (by_level[HIGH].best_chain_label, by_level[HIGH].of_best_chain) == (None, None)
+    assert by_level[HIGH].of_winner == 0.5
+    assert by_level[HIGH].gives_up == "'tree s=3 k=4' wins here; the adaptive server reaches 0.500 of it"
+    assert (by_level[LOW].of_winner, by_level[LOW].of_best_chain) == (1.0, 1.25)
+    assert by_level[LOW].gives_up == "'tree s=3 k=4' wins here; the adaptive server reaches 1.000 of it"

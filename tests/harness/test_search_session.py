@@ -97,3 +97,25 @@ def test_session_state_reads_each_done_jobs_levels_when_they_are_committed(tmp_p
         chain.config_id: (LevelResult("concurrency=1", 1, 300.0, (5, 3, 2, 1, 9)),),
     }
     assert state.in_flight == {(pending.config_id, 0)}
+
+
+def test_session_reads_max_node_hours_as_hours_when_it_sets_the_node_budget(tmp_path: Path) -> None:
+    """max_node_hours 1 is 3600 node-seconds: after the baseline's one 600 s attempt, 3000 s are left,
+    enough for the next seed (a launch is estimated at the 600 s one took), so the session queues it;
+    read as 1/3600 s the budget would be spent already."""
+    import sqlite3
+
+    from harness.queue import QUEUE_FILE
+
+    spec = parse_spec(SPEC | {"search": {"strategy": "model", "max_node_hours": 1}})
+    queue = JobQueue(tmp_path)
+    session = SearchSession(spec, unchecked_plan(spec), tmp_path)
+    _, jobs = session.next_jobs(queue, 1)
+    lease = queue.lease(0, other_slots=False)
+    assert lease is not None and queue.complete(lease, node="n1", worker_s=1.0)
+    with sqlite3.connect(tmp_path / QUEUE_FILE) as con:
+        con.execute("UPDATE attempts SET started_ns = 0, finished_ns = 600000000000")
+    decision, more = session.next_jobs(queue, 1)
+    queue.close()
+    assert [job.config_label for job in (*jobs, *more)] == ["baseline", "chain d=4"]
+    assert decision.reason == "seed"

@@ -325,17 +325,18 @@ def test_telemetry_command_prints_each_reading_and_a_mean_max_summary_when_nvml_
 ) -> None:
     """Standalone, in process, through NVML's library layer (FakeNvml): ``--gpus 1`` samples GPU 1 only;
     every reading is printed as ``<elapsed>s <labels> <metric> <value>``, then a summary line per GPU and
-    metric with mean / max and the sample count. GPU 1's power is a constant 650000 mW, so its summary is
+    metric with mean / max and the sample count; the loop keeps sampling every interval. GPU 1's power is a constant 650000 mW, so its summary is
     ``650.0 / 650 (n samples)`` with n the number of power_w lines printed; NVML is shut down at the end."""
     from workers.node.telemetry import main
 
     nvml = FakeNvml()
     nvml.install(monkeypatch)
-    assert main(["--gpus", "1", "--seconds", "0.05", "--interval-s", "0.02"]) == 0
+    assert main(["--gpus", "1", "--seconds", "0.2", "--interval-s", "0.02"]) == 0
     out = capsys.readouterr().out
     readings, _, summary = out.partition("summary (mean / max over the samples):\n")
     power = [line.split() for line in readings.splitlines() if " power_w " in line]
-    assert power and all(fields[-1] == "650" and fields[0].endswith("s") for fields in power)
+    assert len(power) >= 3  # one sample per 0.02 s over 0.2 s (ten, fewer on a loaded machine)
+    assert all(fields[-1] == "650" and fields[0].endswith("s") for fields in power)
     assert float(power[0][0].removesuffix("s")) == 0.0  # times from the first sample
     assert '"gpu": "0"' not in out
     assert f'  {{"gpu": "1"}} power_w: 650.0 / 650 ({len(power)} samples)' in summary.splitlines()
@@ -507,3 +508,49 @@ def test_telemetry_command_names_itself_and_the_two_ways_to_stop_when_neither_is
     err = capsys.readouterr().err
     assert err.startswith("usage: python -m workers.node.telemetry ")
     assert "one of the arguments --seconds --until-stdin-closes is required" in err
+
+
+def test_start_profile_posts_sglangs_json_body_when_it_asks_for_a_capture(tmp_path: Path) -> None:
+    """What SGLang's /start_profile receives: a POST with Content-Type application/json (FastAPI reads
+    the body as ProfileReqInput only then) and the output folder, step count and prefix under SGLang's
+    field names; any status other than 200 is reported with the status."""
+    import http.server
+    import threading
+
+    from workers.node.telemetry import start_profile
+
+    received: list[tuple[str, str, str | None, dict[str, object]]] = []
+    status = [200]
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.command, self.path, self.headers["Content-Type"], body))
+            self.send_response(status[0])
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert start_profile(url, tmp_path / "p", "concurrency-8", 7) is None
+        status[0] = 202
+        assert start_profile(url, tmp_path / "p", "x", 1) == "/start_profile answered 202"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert received[0] == (
+        "POST",
+        api.START_PROFILE,
+        "application/json",
+        {
+            api.PROFILE_OUTPUT_DIR: str(tmp_path / "p"),
+            api.PROFILE_NUM_STEPS: 7,
+            api.PROFILE_PREFIX: "concurrency-8",
+        },
+    )
