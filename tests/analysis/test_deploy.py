@@ -208,3 +208,27 @@ def test_confirm_names_no_chain_and_what_it_gives_up_when_only_a_tree_is_ranked_
     assert by_level[HIGH].gives_up == "'tree s=3 k=4' wins here; the adaptive server reaches 0.500 of it"
     assert (by_level[LOW].of_winner, by_level[LOW].of_best_chain) == (1.0, 1.25)
     assert by_level[LOW].gives_up == "'tree s=3 k=4' wins here; the adaptive server reaches 1.000 of it"
+
+
+@pytest.mark.parametrize("better", ["higher", "lower"])
+def test_confirm_compares_with_the_best_chain_or_baseline_when_a_tree_is_the_best_static(better: str) -> None:
+    """deploy_weights {low: 3, high: 1}: the best static config is the tree (0.875, as worked above), the
+    best static chain or baseline is the chain, (3 x 0.8 + 0.75) / 4 = 0.7875 (the baseline scores
+    (3 x 0.4 + 1) / 4 = 0.55). The confirmation keeps the schedule it ran and measured the chain's own
+    values (100, 150): its mix (3 x 0.8 + 0.75) / 4 = 0.7875 is under the tree's: static."""
+    sweep = SELECTIONS[better]
+    values = {LOW: 100.0, HIGH: 150.0}
+    measured = values if better == "higher" else {level: 10_000 / v for level, v in values.items()}
+    weights = {LOW: 3.0, HIGH: 1.0}
+    confirmation = confirm(
+        sweep, _with_confirmation(sweep, measured), "adaptive", "{1: 3, 8: 0}", SHAPES, CONCURRENCY, weights
+    )
+    assert confirmation.schedule == "{1: 3, 8: 0}" and confirmation.weights == weights
+    assert (confirmation.static.config_label, confirmation.static.mix_score) == (
+        "tree s=3 k=4",
+        pytest.approx(0.875),
+    )
+    assert confirmation.chain_static is not None
+    assert confirmation.chain_static.config_label == "chain d=4"
+    assert confirmation.chain_static.mix_score == pytest.approx(0.7875)
+    assert confirmation.mix_score == pytest.approx(0.7875) and confirmation.recommended == "static"

@@ -119,3 +119,35 @@ def test_session_reads_max_node_hours_as_hours_when_it_sets_the_node_budget(tmp_
     queue.close()
     assert [job.config_label for job in (*jobs, *more)] == ["baseline", "chain d=4"]
     assert decision.reason == "seed"
+
+
+def test_session_takes_the_tighter_of_both_budgets_when_launches_and_node_hours_are_limited(
+    tmp_path: Path,
+) -> None:
+    """max_launches 2 and max_node_hours 1: after the baseline's 600 s launch the launch budget leaves 1
+    launch and the node budget (3600 - 600) / 600 = 5; with 2 slots free only 1 is queued. With every
+    seed in flight and nothing to decide, the session says it is waiting for them."""
+    import sqlite3
+
+    from harness.queue import QUEUE_FILE
+
+    limits = {"strategy": "model", "max_launches": 2, "max_node_hours": 1}
+    spec = parse_spec(SPEC | {"search": limits})
+    queue = JobQueue(tmp_path)
+    session = SearchSession(spec, unchecked_plan(spec), tmp_path)
+    session.next_jobs(queue, 1)
+    lease = queue.lease(0, other_slots=False)
+    assert lease is not None and queue.complete(lease, node="n1", worker_s=1.0)
+    with sqlite3.connect(tmp_path / QUEUE_FILE) as con:
+        con.execute("UPDATE attempts SET started_ns = 0, finished_ns = 600000000000")
+    _, more = session.next_jobs(queue, 2)
+    assert [job.config_label for job in more] == ["chain d=4"]
+    unlimited = parse_spec(SPEC | {"load": {"concurrency": [1], "requests_per_level": 4}})
+    waiting = SearchSession(unlimited, unchecked_plan(unlimited), tmp_path / "other")
+    other = JobQueue(tmp_path / "other")
+    _, seeds = waiting.next_jobs(other, 8)
+    decision, none = waiting.next_jobs(other, 8)
+    other.close()
+    queue.close()
+    assert seeds and none == []
+    assert (decision.reason, decision.finished) == ("waiting for launches in flight", False)
