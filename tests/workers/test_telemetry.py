@@ -96,7 +96,8 @@ def test_sim_metrics_match_sglang_names_and_types_when_checked_against_installed
 
 
 def test_parse_metrics_keeps_sums_and_counts_when_histograms_have_buckets() -> None:
-    """Buckets and _created stamps are left out; labels become sorted JSON; counters keep _total."""
+    """Buckets and _created stamps are left out; labels become JSON sorted by key (whatever order the
+    server wrote them in); counters keep _total."""
     text = (
         "# TYPE sglang:e2e_request_latency_seconds histogram\n"
         'sglang:e2e_request_latency_seconds_bucket{model_name="m",le="1.0"} 3.0\n'
@@ -106,11 +107,14 @@ def test_parse_metrics_keeps_sums_and_counts_when_histograms_have_buckets() -> N
         'sglang:spec_verify_calls_total{model_name="m"} 7.0\n'
         "# TYPE sglang:spec_verify_calls_created gauge\n"
         'sglang:spec_verify_calls_created{model_name="m"} 1.7e9\n'
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{tp_rank="0",engine_type="unified"} 2.0\n'
     )
     assert parse_metrics(text) == [
         ("sglang:e2e_request_latency_seconds_sum", "histogram", '{"model_name": "m"}', 1.5),
         ("sglang:e2e_request_latency_seconds_count", "histogram", '{"model_name": "m"}', 3.0),
         ("sglang:spec_verify_calls_total", "counter", '{"model_name": "m"}', 7.0),
+        ("sglang:num_running_reqs", "gauge", '{"engine_type": "unified", "tp_rank": "0"}', 2.0),
     ]
 
 
