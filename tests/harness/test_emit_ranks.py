@@ -63,6 +63,7 @@ def test_emit_writes_one_script_per_node_rank_when_the_server_spans_two_nodes(
         assert result["ranks"][rank]["validation"]["status"] == "ok"
     written = json.loads((dest / "deploy.json").read_text())
     assert [r["script"] for r in written["ranks"]] == ["launch-rank0.sh", "launch-rank1.sh"]
+    assert result["adaptive"] is not None and result["adaptive"]["validation"]["status"] == "ok"
 
 
 def test_describe_prints_the_choice_schedule_drafter_and_launch_when_each_is_there() -> None:
@@ -111,3 +112,25 @@ def test_describe_prints_the_choice_schedule_drafter_and_launch_when_each_is_the
         "validate not checked",
     ]
     assert "drafter" not in describe(result | {"drafter": None}, dest)
+
+
+def test_emit_names_the_file_it_was_writing_and_leaves_none_when_the_disk_is_full(
+    two_node_results: Path, small_disk: Path
+) -> None:
+    """--emit into a full disk (a real tmpfs, filled): DiskFullError naming the deployment file it was
+    writing (under DIR, not a temporary name), and DIR holds no file afterwards."""
+    from specsweep.errors import DiskFullError
+    from tests.conftest import fill
+
+    con = connect(two_node_results)
+    selection = select_best(con, two_node_results, replicates=100)
+    dest = small_disk / "deploy"
+    dest.mkdir()
+    fill(small_disk)
+    with pytest.raises(DiskFullError) as caught:
+        emit(con, selection, dest, use_resolver=False)
+    assert caught.value.where is not None
+    written = Path(caught.value.where)
+    assert written.parent == dest.resolve() and written.name in {"adaptive.json", "launch-rank0.sh"}
+    assert "the disk is full while writing the deployment files" in str(caught.value)
+    assert list(dest.iterdir()) == []
