@@ -403,7 +403,7 @@ def test_summarize_gives_mean_max_and_count_per_gpu_and_metric_when_values_vary(
 
 def test_server_scraper_reads_metrics_and_counts_failures_when_scrapes_fail(sim: ServerProcess) -> None:
     """A scrape of the server's /metrics (base URL with or without a trailing slash) gives its gauges;
-    a 404 (wrong base URL), no server at all and a 200 whose body is not Prometheus text each give no
+    a byte that is not UTF-8 becomes U+FFFD and the rest is read; a 404 (wrong base URL), no server at all and a 200 whose body is not Prometheus text each give no
     readings and count one failure."""
     import http.server
     import threading
@@ -421,7 +421,12 @@ def test_server_scraper_reads_metrics_and_counts_failures_when_scrapes_fail(sim:
         def do_GET(self) -> None:
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(b"sglang:num_running_reqs{ not prometheus\n")
+            if self.path.startswith("/latin"):  # a label value in Latin-1, not UTF-8
+                self.wfile.write(
+                    b'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="caf\xe9"} 2\n'
+                )
+            else:
+                self.wfile.write(b"sglang:num_running_reqs{ not prometheus\n")
 
         def log_message(self, *args: object) -> None:
             pass
@@ -430,6 +435,8 @@ def test_server_scraper_reads_metrics_and_counts_failures_when_scrapes_fail(sim:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
+        latin = ServerScraper(f"http://127.0.0.1:{server.server_address[1]}/latin", timeout_s=5.0)
+        assert latin.sample() == [("sglang:num_running_reqs", "gauge", '{"model_name": "caf\\ufffd"}', 2.0)]
         for url in (
             sim.url + "/nothing",
             f"http://127.0.0.1:{pick_free_port('127.0.0.1')}",
