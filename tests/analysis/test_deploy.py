@@ -232,3 +232,31 @@ def test_confirm_compares_with_the_best_chain_or_baseline_when_a_tree_is_the_bes
     assert confirmation.chain_static.config_label == "chain d=4"
     assert confirmation.chain_static.mix_score == pytest.approx(0.7875)
     assert confirmation.mix_score == pytest.approx(0.7875) and confirmation.recommended == "static"
+
+
+def test_plan_deployment_says_why_there_is_no_adaptive_schedule_when_none_can_be_built() -> None:
+    """Three ways to have no schedule, each said in words and each recommending the static choice: the
+    baseline wins both levels (no chain to switch to); a level where only the tree is ranked (no chain or
+    baseline met its SLOs); an open-loop level (no batch size to key a schedule by)."""
+    baseline_wins = {
+        LOW: {"baseline": 150.0, "chain d=4": 100.0, "tree s=3 k=4": 50.0},
+        HIGH: {"baseline": 200.0, "chain d=4": 150.0, "tree s=3 k=4": 100.0},
+    }
+    plain = plan_deployment(_selection(baseline_wins, "higher"), SHAPES, CONCURRENCY)
+    assert plain.adaptive is None and plain.recommended == "static"
+    assert plain.adaptive_note == "no topk-1 chain wins any weighted level: deploy without speculation"
+    sweep = SELECTIONS["higher"]
+    tree_only = dataclasses.replace(
+        sweep,
+        levels=tuple(
+            dataclasses.replace(level, ranked=(_ranked("tree s=3 k=4", 100.0, 1),)) if level.load_level == HIGH
+            else level
+            for level in sweep.levels
+        ),
+    )  # fmt: skip
+    no_chain = plan_deployment(tree_only, SHAPES, CONCURRENCY)
+    assert no_chain.adaptive is None and no_chain.recommended == "static"
+    assert no_chain.adaptive_note == f"{HIGH}: no topk-1 chain or baseline meets every SLO"
+    open_loop = plan_deployment(sweep, SHAPES, {LOW: 1, HIGH: None})
+    assert open_loop.adaptive is None
+    assert open_loop.adaptive_note == f"open-loop levels ({HIGH}) give no batch size to key a schedule by"
