@@ -151,3 +151,36 @@ def test_session_takes_the_tighter_of_both_budgets_when_launches_and_node_hours_
     queue.close()
     assert seeds and none == []
     assert (decision.reason, decision.finished) == ("waiting for launches in flight", False)
+
+
+def test_session_proposes_the_next_seed_when_a_chain_finishes_before_the_baseline(tmp_path: Path) -> None:
+    """The first two seeds run at once and chain d=4 finishes first (300 and 900 tok/s at 1 and 4
+    clients): with the baseline still running, and so predicted rather than measured, the next seed
+    (chain d=2) is proposed, and at both levels chain d=4 is the best so far."""
+    spec = parse_spec(SPEC)
+    plan = unchecked_plan(spec)
+    queue = JobQueue(tmp_path)
+    session = SearchSession(spec, plan, tmp_path)
+    _, (baseline, chain) = session.next_jobs(queue, 2)
+    running = queue.lease(0, other_slots=False)
+    assert running is not None and running.job_id == baseline.job_id  # still running
+    lease = queue.lease(1, other_slots=False)
+    assert (
+        lease is not None and lease.job_id == chain.job_id and queue.complete(lease, node="n1", worker_s=1.0)
+    )
+    _commit_levels(
+        tmp_path,
+        plan.sweep_id,
+        chain.job_id,
+        [{"load_level": "concurrency=1", "concurrency": 1, "output_tok_s": 300.0,
+          "correct_drafts_histogram": [2, 2, 2, 4]},
+         {"load_level": "concurrency=4", "concurrency": 4, "output_tok_s": 900.0,
+          "correct_drafts_histogram": [3, 2, 2, 3]}],
+    )  # fmt: skip
+    decision, jobs = session.next_jobs(queue, 1)
+    queue.close()
+    assert [job.config_label for job in jobs] == ["chain d=2"] and decision.reason == "seed"
+    assert [(b.level, b.best_label) for b in decision.levels] == [
+        ("concurrency=1", "chain d=4"),
+        ("concurrency=4", "chain d=4"),
+    ]
