@@ -260,3 +260,27 @@ def test_plan_deployment_says_why_there_is_no_adaptive_schedule_when_none_can_be
     open_loop = plan_deployment(sweep, SHAPES, {LOW: 1, HIGH: None})
     assert open_loop.adaptive is None
     assert open_loop.adaptive_note == f"open-loop levels ({HIGH}) give no batch size to key a schedule by"
+
+
+def test_plan_deployment_refuses_for_emit_in_one_line_when_no_config_is_ranked_at_every_level() -> None:
+    """Only the tree is ranked at the low level and only the baseline at the high one: no config can be
+    deployed for the whole mix, so the refusal names --emit, says why and how to fix it."""
+    from specsweep.errors import NoConfigMeetsSlosError
+
+    sweep = SELECTIONS["higher"]
+    only = {LOW: "tree s=3 k=4", HIGH: "baseline"}
+    disjoint = dataclasses.replace(
+        sweep,
+        levels=tuple(
+            dataclasses.replace(level, ranked=(_ranked(only[level.load_level], 100.0, 1),))
+            for level in sweep.levels
+        ),
+    )
+    with pytest.raises(NoConfigMeetsSlosError) as caught:
+        plan_deployment(disjoint, SHAPES, CONCURRENCY)
+    error = caught.value
+    assert (error.where, error.problem, error.fix) == (
+        "--emit",
+        "no config meets every SLO at every weighted load level",
+        "relax the SLOs, or weight only the levels the deployment must serve",
+    )
