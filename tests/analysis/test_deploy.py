@@ -79,6 +79,7 @@ def test_plan_deployment_scores_the_mix_by_hand_when_levels_weigh_alike(better: 
     (0.8 + 1) / 2 = 0.9, so it is recommended; batches from ceil(sqrt(1 x 64)) = 8 run the baseline's
     depth 0, smaller ones the chain's 3 steps, and at the low level it gives up the tree's 1/0.8 = 1.25x."""
     deployment = plan_deployment(SELECTIONS[better], SHAPES, CONCURRENCY)
+    assert deployment.weights == {LOW: 1.0, HIGH: 1.0}  # no deploy_weights: each level weighs 1
     assert deployment.static.config_label == "chain d=4"
     assert deployment.static.mix_score == pytest.approx(0.775)
     assert deployment.static.level_scores == pytest.approx({LOW: 0.8, HIGH: 0.75})
