@@ -285,3 +285,25 @@ def test_plan_deployment_refuses_for_emit_in_one_line_when_no_config_is_ranked_a
         "no config meets every SLO at every weighted load level",
         "relax the SLOs, or weight only the levels the deployment must serve",
     )
+
+
+def test_plan_deployment_refuses_deploy_weights_in_one_line_when_a_level_is_unknown_or_all_are_zero() -> None:
+    """A weight on a level the sweep did not rank, and weights that are all 0, are refusals naming
+    deploy_weights, each with what is wrong and the fix (the levels there are; give a level a weight)."""
+    from specsweep.errors import ResultsError
+
+    sweep = SELECTIONS["higher"]
+    with pytest.raises(ResultsError) as unknown:
+        plan_deployment(sweep, SHAPES, CONCURRENCY, {"concurrency=2": 1.0, LOW: 1.0})
+    assert (unknown.value.where, unknown.value.problem, unknown.value.fix) == (
+        "deploy_weights",
+        "load mix weights name levels that were not ranked: concurrency=2",
+        f"use level names of this sweep: {LOW}, {HIGH}",
+    )
+    with pytest.raises(ResultsError) as zero:
+        plan_deployment(sweep, SHAPES, CONCURRENCY, {LOW: 0.0, HIGH: 0.0})
+    assert (zero.value.where, zero.value.problem, zero.value.fix) == (
+        "deploy_weights",
+        "load mix weights are all 0",
+        "give some level a weight",
+    )
