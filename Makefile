@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 RANDOM_ORDER_SEED ?=
 RANDOM_ORDER := -p random_order --random-order-bucket=module $(if $(RANDOM_ORDER_SEED),--random-order-seed=$(RANDOM_ORDER_SEED))
 
-.PHONY: all venv sglang-venv browser demo test lint bench mutation clean
+.PHONY: all venv sglang-venv browser demo test lint bench mutation mutation-sample clean
 
 all: test
 
@@ -59,6 +59,17 @@ mutation: venv sglang-venv
 	rm -rf mutants
 	SPECSWEEP_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python $(VENV)/bin/mutmut run $(MUTANTS)
 	$(VENV)/bin/mutmut results
+
+# A seeded random sample of each module's mutants (PER_MODULE of each; MODULES narrows to some files of
+# only_mutate), run at low priority, with each module's score and its one-sided 95% lower bound; mutants
+# listed in tests/mutation_equivalent.txt leave the denominator (docs/testing.md says why each is equivalent).
+PER_MODULE ?= 30
+SEED ?= 32
+MODULES ?=
+mutation-sample: venv sglang-venv
+	rm -rf mutants
+	SPECSWEEP_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python nice $(VENV)/bin/python tests/mutation_sample.py \
+		--per-module $(PER_MODULE) --seed $(SEED) --equivalent tests/mutation_equivalent.txt $(MODULES)
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache .hypothesis mutants

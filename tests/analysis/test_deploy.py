@@ -79,6 +79,7 @@ def test_plan_deployment_scores_the_mix_by_hand_when_levels_weigh_alike(better: 
     (0.8 + 1) / 2 = 0.9, so it is recommended; batches from ceil(sqrt(1 x 64)) = 8 run the baseline's
     depth 0, smaller ones the chain's 3 steps, and at the low level it gives up the tree's 1/0.8 = 1.25x."""
     deployment = plan_deployment(SELECTIONS[better], SHAPES, CONCURRENCY)
+    assert deployment.weights == {LOW: 1.0, HIGH: 1.0}  # no deploy_weights: each level weighs 1
     assert deployment.static.config_label == "chain d=4"
     assert deployment.static.mix_score == pytest.approx(0.775)
     assert deployment.static.level_scores == pytest.approx({LOW: 0.8, HIGH: 0.75})
@@ -144,3 +145,165 @@ def test_confirm_recommends_static_when_the_measured_schedule_falls_short_of_its
     if better == "higher":
         assert confirmation.mix_ci is not None
         assert (confirmation.mix_ci.low, confirmation.mix_ci.high) == pytest.approx((0.6811, 0.7089))
+
+
+def test_confirm_scores_a_level_zero_when_the_confirmation_has_no_ranking_there() -> None:
+    """The confirmation is ranked at the low level only (it missed an SLO at the high one): measured 100
+    of the tree's 125 there (0.8) and as good as the best chain, chain d=4 at 100 (1.0); at the high
+    level no objective, no interval, a score of 0 and no share of a chain. Mix (0.8 + 0) / 2 = 0.4, under
+    the static chain's 0.775: static; no mix interval (a level has none)."""
+    sweep = SELECTIONS["higher"]
+    with_low = _with_confirmation(sweep, {LOW: 100.0, HIGH: 0.0})
+    only_low = dataclasses.replace(
+        with_low,
+        levels=tuple(
+            dataclasses.replace(level, ranked=tuple(r for r in level.ranked if r.config_label != "adaptive"))
+            if level.load_level == HIGH
+            else level
+            for level in with_low.levels
+        ),
+    )
+    confirmation = confirm(sweep, only_low, "adaptive", "{1: 3, 8: 0}", SHAPES, CONCURRENCY, None)
+    by_level = {lc.load_level: lc for lc in confirmation.levels}
+    assert (by_level[LOW].objective, by_level[LOW].of_winner, by_level[LOW].of_best_chain) == (
+        100.0,
+        0.8,
+        1.0,
+    )
+    assert by_level[LOW].best_chain_label == "chain d=4"
+    high = by_level[HIGH]
+    assert (high.objective, high.objective_ci, high.of_winner, high.of_best_chain) == (None, None, 0.0, None)
+    assert confirmation.mix_score == pytest.approx(0.4) and confirmation.mix_ci is None
+    assert confirmation.recommended == "static"
+
+
+def test_confirm_names_no_chain_and_what_it_gives_up_when_only_a_tree_is_ranked_at_a_level() -> None:
+    """At the high level only the tree (100) is ranked (the baseline and the chain missed an SLO): the
+    confirmation at 50 reaches 0.5 of it, there is no best chain or baseline to compare with, and the
+    tree's win is what the schedule gives up: "'tree s=3 k=4' wins here; the adaptive server reaches
+    0.500 of it". At the low level (125 tree, 100 chain) it measured 125: 1.0 of the tree, 1.25 of the
+    chain, and again the tree's win is named (at 1.000)."""
+    sweep = SELECTIONS["higher"]
+    tree_only = dataclasses.replace(
+        sweep,
+        levels=tuple(
+            dataclasses.replace(level, ranked=(_ranked("tree s=3 k=4", 100.0, 1),)) if level.load_level == HIGH
+            else level
+            for level in sweep.levels
+        ),
+    )  # fmt: skip
+    measured = {LOW: 125.0, HIGH: 50.0}
+    with_confirmation = dataclasses.replace(
+        tree_only,
+        levels=tuple(
+            dataclasses.replace(
+                level, ranked=(*level.ranked, _ranked("adaptive", measured[level.load_level], 9))
+            )
+            for level in tree_only.levels
+        ),
+    )
+    confirmation = confirm(tree_only, with_confirmation, "adaptive", "{}", SHAPES, CONCURRENCY, None)
+    by_level = {lc.load_level: lc for lc in confirmation.levels}
+    assert (by_level[HIGH].best_chain_label, by_level[HIGH].of_best_chain) == (None, None)
+    assert by_level[HIGH].of_winner == 0.5
+    assert by_level[HIGH].gives_up == "'tree s=3 k=4' wins here; the adaptive server reaches 0.500 of it"
+    assert (by_level[LOW].of_winner, by_level[LOW].of_best_chain) == (1.0, 1.25)
+    assert by_level[LOW].gives_up == "'tree s=3 k=4' wins here; the adaptive server reaches 1.000 of it"
+
+
+@pytest.mark.parametrize("better", ["higher", "lower"])
+def test_confirm_compares_with_the_best_chain_or_baseline_when_a_tree_is_the_best_static(better: str) -> None:
+    """deploy_weights {low: 3, high: 1}: the best static config is the tree (0.875, as worked above), the
+    best static chain or baseline is the chain, (3 x 0.8 + 0.75) / 4 = 0.7875 (the baseline scores
+    (3 x 0.4 + 1) / 4 = 0.55). The confirmation keeps the schedule it ran and measured the chain's own
+    values (100, 150): its mix (3 x 0.8 + 0.75) / 4 = 0.7875 is under the tree's: static."""
+    sweep = SELECTIONS[better]
+    values = {LOW: 100.0, HIGH: 150.0}
+    measured = values if better == "higher" else {level: 10_000 / v for level, v in values.items()}
+    weights = {LOW: 3.0, HIGH: 1.0}
+    confirmation = confirm(
+        sweep, _with_confirmation(sweep, measured), "adaptive", "{1: 3, 8: 0}", SHAPES, CONCURRENCY, weights
+    )
+    assert confirmation.schedule == "{1: 3, 8: 0}" and confirmation.weights == weights
+    assert (confirmation.static.config_label, confirmation.static.mix_score) == (
+        "tree s=3 k=4",
+        pytest.approx(0.875),
+    )
+    assert confirmation.chain_static is not None
+    assert confirmation.chain_static.config_label == "chain d=4"
+    assert confirmation.chain_static.mix_score == pytest.approx(0.7875)
+    assert confirmation.mix_score == pytest.approx(0.7875) and confirmation.recommended == "static"
+
+
+def test_plan_deployment_says_why_there_is_no_adaptive_schedule_when_none_can_be_built() -> None:
+    """Three ways to have no schedule, each said in words and each recommending the static choice: the
+    baseline wins both levels (no chain to switch to); a level where only the tree is ranked (no chain or
+    baseline met its SLOs); an open-loop level (no batch size to key a schedule by)."""
+    baseline_wins = {
+        LOW: {"baseline": 150.0, "chain d=4": 100.0, "tree s=3 k=4": 50.0},
+        HIGH: {"baseline": 200.0, "chain d=4": 150.0, "tree s=3 k=4": 100.0},
+    }
+    plain = plan_deployment(_selection(baseline_wins, "higher"), SHAPES, CONCURRENCY)
+    assert plain.adaptive is None and plain.recommended == "static"
+    assert plain.adaptive_note == "no topk-1 chain wins any weighted level: deploy without speculation"
+    sweep = SELECTIONS["higher"]
+    tree_only = dataclasses.replace(
+        sweep,
+        levels=tuple(
+            dataclasses.replace(level, ranked=(_ranked("tree s=3 k=4", 100.0, 1),)) if level.load_level == HIGH
+            else level
+            for level in sweep.levels
+        ),
+    )  # fmt: skip
+    no_chain = plan_deployment(tree_only, SHAPES, CONCURRENCY)
+    assert no_chain.adaptive is None and no_chain.recommended == "static"
+    assert no_chain.adaptive_note == f"{HIGH}: no topk-1 chain or baseline meets every SLO"
+    open_loop = plan_deployment(sweep, SHAPES, {LOW: 1, HIGH: None})
+    assert open_loop.adaptive is None
+    assert open_loop.adaptive_note == f"open-loop levels ({HIGH}) give no batch size to key a schedule by"
+
+
+def test_plan_deployment_refuses_for_emit_in_one_line_when_no_config_is_ranked_at_every_level() -> None:
+    """Only the tree is ranked at the low level and only the baseline at the high one: no config can be
+    deployed for the whole mix, so the refusal names --emit, says why and how to fix it."""
+    from specsweep.errors import NoConfigMeetsSlosError
+
+    sweep = SELECTIONS["higher"]
+    only = {LOW: "tree s=3 k=4", HIGH: "baseline"}
+    disjoint = dataclasses.replace(
+        sweep,
+        levels=tuple(
+            dataclasses.replace(level, ranked=(_ranked(only[level.load_level], 100.0, 1),))
+            for level in sweep.levels
+        ),
+    )
+    with pytest.raises(NoConfigMeetsSlosError) as caught:
+        plan_deployment(disjoint, SHAPES, CONCURRENCY)
+    error = caught.value
+    assert (error.where, error.problem, error.fix) == (
+        "--emit",
+        "no config meets every SLO at every weighted load level",
+        "relax the SLOs, or weight only the levels the deployment must serve",
+    )
+
+
+def test_plan_deployment_refuses_deploy_weights_in_one_line_when_a_level_is_unknown_or_all_are_zero() -> None:
+    """A weight on a level the sweep did not rank, and weights that are all 0, are refusals naming
+    deploy_weights, each with what is wrong and the fix (the levels there are; give a level a weight)."""
+    from specsweep.errors import ResultsError
+
+    sweep = SELECTIONS["higher"]
+    with pytest.raises(ResultsError) as unknown:
+        plan_deployment(sweep, SHAPES, CONCURRENCY, {"concurrency=2": 1.0, LOW: 1.0})
+    assert (unknown.value.where, unknown.value.problem, unknown.value.fix) == (
+        "deploy_weights",
+        "load mix weights name levels that were not ranked: concurrency=2",
+        f"use level names of this sweep: {LOW}, {HIGH}",
+    )
+    with pytest.raises(ResultsError) as zero:
+        plan_deployment(sweep, SHAPES, CONCURRENCY, {LOW: 0.0, HIGH: 0.0})
+    assert (zero.value.where, zero.value.problem, zero.value.fix) == (
+        "deploy_weights",
+        "load mix weights are all 0",
+        "give some level a weight",
+    )

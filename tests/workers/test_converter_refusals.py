@@ -133,7 +133,7 @@ CASES: dict[str, tuple[SourceFormat, Callable[[FixtureCheckpoint], None], dict, 
         SourceFormat.SPECULATORS,
         _wrong_shape,
         {},
-        (Q_PROJ, "expected [64, 128]", "hidden_size"),
+        (Q_PROJ, "expected [64, 128]", "check hidden_size/heads/head_dim/intermediate_size"),
     ),
     "unknown key": (
         SourceFormat.SPECULATORS,

@@ -96,7 +96,8 @@ def test_sim_metrics_match_sglang_names_and_types_when_checked_against_installed
 
 
 def test_parse_metrics_keeps_sums_and_counts_when_histograms_have_buckets() -> None:
-    """Buckets and _created stamps are left out; labels become sorted JSON; counters keep _total."""
+    """Buckets and _created stamps are left out; labels become JSON sorted by key (whatever order the
+    server wrote them in); counters keep _total."""
     text = (
         "# TYPE sglang:e2e_request_latency_seconds histogram\n"
         'sglang:e2e_request_latency_seconds_bucket{model_name="m",le="1.0"} 3.0\n'
@@ -106,11 +107,14 @@ def test_parse_metrics_keeps_sums_and_counts_when_histograms_have_buckets() -> N
         'sglang:spec_verify_calls_total{model_name="m"} 7.0\n'
         "# TYPE sglang:spec_verify_calls_created gauge\n"
         'sglang:spec_verify_calls_created{model_name="m"} 1.7e9\n'
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{tp_rank="0",engine_type="unified"} 2.0\n'
     )
     assert parse_metrics(text) == [
         ("sglang:e2e_request_latency_seconds_sum", "histogram", '{"model_name": "m"}', 1.5),
         ("sglang:e2e_request_latency_seconds_count", "histogram", '{"model_name": "m"}', 3.0),
         ("sglang:spec_verify_calls_total", "counter", '{"model_name": "m"}', 7.0),
+        ("sglang:num_running_reqs", "gauge", '{"engine_type": "unified", "tp_rank": "0"}', 2.0),
     ]
 
 
@@ -318,3 +322,246 @@ def test_start_profile_writes_placeholder_trace_when_server_is_simulated(
     assert trace["traceEvents"] == [] and trace[api.PROFILE_NUM_STEPS] == 5
     problem = start_profile(f"http://127.0.0.1:{pick_free_port('127.0.0.1')}", out, "x", 5)
     assert problem is not None and problem.startswith("/start_profile failed")
+
+
+def test_telemetry_command_prints_each_reading_and_a_mean_max_summary_when_nvml_answers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Standalone, in process, through NVML's library layer (FakeNvml): ``--gpus 1`` samples GPU 1 only;
+    every reading is printed as ``<elapsed>s <labels> <metric> <value>``, then a summary line per GPU and
+    metric with mean / max and the sample count; the loop keeps sampling every interval. GPU 1's power is a constant 650000 mW, so its summary is
+    ``650.0 / 650 (n samples)`` with n the number of power_w lines printed; NVML is shut down at the end."""
+    from workers.node.telemetry import main
+
+    nvml = FakeNvml()
+    nvml.install(monkeypatch)
+    assert main(["--gpus", "1", "--seconds", "0.2", "--interval-s", "0.02"]) == 0
+    out = capsys.readouterr().out
+    readings, _, summary = out.partition("summary (mean / max over the samples):\n")
+    power = [line.split() for line in readings.splitlines() if " power_w " in line]
+    assert len(power) >= 3  # one sample per 0.02 s over 0.2 s (ten, fewer on a loaded machine)
+    assert all(fields[-1] == "650" and fields[0].endswith("s") for fields in power)
+    assert float(power[0][0].removesuffix("s")) == 0.0  # times from the first sample
+    assert '"gpu": "0"' not in out
+    assert f'  {{"gpu": "1"}} power_w: 650.0 / 650 ({len(power)} samples)' in summary.splitlines()
+    assert f'  {{"gpu": "1"}} memory_used_bytes: 1073741824.0 / 1.07374e+09 ({len(power)} samples)' in (
+        summary.splitlines()
+    )
+    assert nvml.initialised == 0
+
+
+def test_telemetry_command_writes_both_gpus_readings_to_parquet_when_out_is_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--gpus all --out FILE`` writes the raw samples (no printing): both GPUs' readings, every row in
+    the gpu_metrics table, power in watts (GPU 0: 412345 mW -> 412.345 W)."""
+    import pyarrow.parquet as pq
+
+    from workers.node.telemetry import main, summarize
+
+    FakeNvml().install(monkeypatch)
+    out = tmp_path / "raw.parquet"
+    assert main(["--gpus", "all", "--seconds", "0.05", "--interval-s", "0.02", "--out", str(out)]) == 0
+    table = pq.read_table(out)
+    assert set(table.column("table").to_pylist()) == {GPU}
+    means = {key: mean for key, (mean, _, _) in summarize(table).items()}
+    assert means[(json.dumps({"gpu": "0"}), "power_w")] == pytest.approx(412.345)
+    assert means[(json.dumps({"gpu": "1"}), "sm_clock_mhz")] == 345.0
+    assert (json.dumps({"gpu": "1"}), "temperature_c") not in means
+
+
+def test_summarize_gives_mean_max_and_count_per_gpu_and_metric_when_values_vary() -> None:
+    """Three power samples of GPU 0 (100, 300, 200 W) and one of GPU 1 (50 W): mean 200, max 300, 3
+    samples; 50, 50, 1; keys sorted by labels then metric."""
+    import pyarrow as pa
+
+    from workers.node.telemetry import RAW_SCHEMA, summarize
+
+    gpu0, gpu1 = json.dumps({"gpu": "0"}), json.dumps({"gpu": "1"})
+    rows = [(gpu1, 50.0), (gpu0, 100.0), (gpu0, 300.0), (gpu0, 200.0)]
+
+    table = pa.Table.from_pylist(
+        [
+            {
+                "clock_ns": i,
+                "time_unix_ns": i,
+                "table": GPU,
+                "metric": "power_w",
+                "kind": "gauge",
+                "labels": labels,
+                "value": value,
+            }
+            for i, (labels, value) in enumerate(rows)
+        ],
+        schema=RAW_SCHEMA,
+    )
+    assert list(summarize(table).items()) == [
+        ((gpu0, "power_w"), (200.0, 300.0, 3)),
+        ((gpu1, "power_w"), (50.0, 50.0, 1)),
+    ]
+
+
+def test_server_scraper_reads_metrics_and_counts_failures_when_scrapes_fail(sim: ServerProcess) -> None:
+    """A scrape of the server's /metrics (base URL with or without a trailing slash) gives its gauges;
+    a byte that is not UTF-8 becomes U+FFFD and the rest is read; a 404 (wrong base URL), no server at all and a 200 whose body is not Prometheus text each give no
+    readings and count one failure."""
+    import http.server
+    import threading
+
+    from workers.node.preflight import pick_free_port
+    from workers.node.telemetry import ServerScraper
+
+    scraper = ServerScraper(sim.url + "/", timeout_s=5.0)
+    assert scraper.url == sim.url + api.METRICS
+    readings = scraper.sample()
+    assert (api.METRIC_NUM_RUNNING, "gauge") in {(metric, kind) for metric, kind, _, _ in readings}
+    assert scraper.failures == 0
+
+    class Garbage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            if self.path.startswith("/latin"):  # a label value in Latin-1, not UTF-8
+                self.wfile.write(
+                    b'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="caf\xe9"} 2\n'
+                )
+            else:
+                self.wfile.write(b"sglang:num_running_reqs{ not prometheus\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        latin = ServerScraper(f"http://127.0.0.1:{server.server_address[1]}/latin", timeout_s=5.0)
+        assert latin.sample() == [("sglang:num_running_reqs", "gauge", '{"model_name": "caf\\ufffd"}', 2.0)]
+        for url in (
+            sim.url + "/nothing",
+            f"http://127.0.0.1:{pick_free_port('127.0.0.1')}",
+            f"http://127.0.0.1:{server.server_address[1]}",
+        ):
+            failing = ServerScraper(url, timeout_s=5.0)
+            assert failing.sample() == [] and failing.failures == 1, url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_telemetry_child_announces_gpu_off_and_waits_out_a_slow_server_when_run_as_the_worker_runs_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """As the node worker runs it (``--until-stdin-closes``, here a stdin that ends after 0.5 s): the
+    first stdout line is the JSON ready line naming why GPU sampling is off (GPU 5 of a host whose NVML
+    sees 2); a server that takes 0.3 s to answer /metrics is still read with a 0.05 s scrape interval
+    (the scrape timeout is at least 5 s), its gauge value 3 stored in the server_metrics rows."""
+    import http.server
+    import io
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from workers.node.telemetry import main
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(0.3)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(
+                b'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 3\n'
+            )
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    FakeNvml().install(monkeypatch)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    class ClosesLater(io.StringIO):
+        def read(self, size: int | None = -1) -> str:
+            time.sleep(0.5)
+            return ""
+
+    monkeypatch.setattr(sys, "stdin", ClosesLater())
+    out = tmp_path / "raw.parquet"
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        argv = ["--until-stdin-closes", "--gpus", "5", "--metrics-url", url, "--metrics-interval-s", "0.05"]
+        assert main([*argv, "--out", str(out)]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    printed = capsys.readouterr()
+    assert printed.out.splitlines() == [json.dumps({"gpu_off": "NVML sees 2 GPU(s); asked for [5]"})]
+    assert "GPU sampling off: NVML sees 2 GPU(s); asked for [5]" in printed.err
+    rows = pq.read_table(out).to_pylist()
+    assert rows and {(r["table"], r["metric"], r["value"]) for r in rows} == {
+        (SERVER, "sglang:num_running_reqs", 3.0)
+    }
+
+
+def test_telemetry_command_names_itself_and_the_two_ways_to_stop_when_neither_is_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without --seconds or --until-stdin-closes the command stops with argparse's usage error (exit 2),
+    which names the command as it is run and both options."""
+    from workers.node.telemetry import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--gpus", "all"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m workers.node.telemetry ")
+    assert "one of the arguments --seconds --until-stdin-closes is required" in err
+
+
+def test_start_profile_posts_sglangs_json_body_when_it_asks_for_a_capture(tmp_path: Path) -> None:
+    """What SGLang's /start_profile receives: a POST with Content-Type application/json (FastAPI reads
+    the body as ProfileReqInput only then) and the output folder, step count and prefix under SGLang's
+    field names; any status other than 200 is reported with the status."""
+    import http.server
+    import threading
+
+    from workers.node.telemetry import start_profile
+
+    received: list[tuple[str, str, str | None, dict[str, object]]] = []
+    status = [200]
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.command, self.path, self.headers["Content-Type"], body))
+            self.send_response(status[0])
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert start_profile(url, tmp_path / "p", "concurrency-8", 7) is None
+        status[0] = 202
+        assert start_profile(url, tmp_path / "p", "x", 1) == "/start_profile answered 202"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert received[0] == (
+        "POST",
+        api.START_PROFILE,
+        "application/json",
+        {
+            api.PROFILE_OUTPUT_DIR: str(tmp_path / "p"),
+            api.PROFILE_NUM_STEPS: 7,
+            api.PROFILE_PREFIX: "concurrency-8",
+        },
+    )
