@@ -10,12 +10,14 @@ says where the measured one differed, so a reader can tell the two apart.
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import yaml
 
+from harness.plan import point_env
 from harness.spec import SweepSpec, parse_spec
 from specsweep.errors import ResultsError, SpecError
 from workers.sglang import deploy as sglang_deploy
@@ -30,10 +32,11 @@ NO_SPEC = "the sweep row holds no spec this version reads: paths are as measured
 class DeployLaunch:
     """One config's launch to deploy, how the measured launch differed, and what to do about the drafter."""
 
-    command: str  # one shell line
+    command: str  # one shell line, the server's environment variables first
     argv: tuple[str, ...]
     differed: str | None  # where the measured launch differed, in words (None: it did not)
     drafter_note: str | None  # the drafter must be converted first: how
+    env: tuple[tuple[str, str], ...] = ()  # the spec's env and the config's environment-variable axes
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,23 @@ def measured_args(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     return {label: sglang_deploy.launch_args(argv) for label, argv in rows}
 
 
+def measured_env(con: duckdb.DuckDBPyConnection, spec: SweepSpec) -> dict[str, dict[str, str]]:
+    """Per config label, the environment its server ran with: the spec's ``env`` and the values of the
+    config's environment-variable axes (an axis such as ``SGLANG_ENABLE_SPEC_V2`` is part of the launch)."""
+    rows = con.sql("SELECT config_label, arg_min(axes, repeat_index) FROM current_jobs GROUP BY 1").fetchall()
+    return {label: point_env(spec, tuple(json.loads(axes).items()) if axes else ()) for label, axes in rows}
+
+
+def env_prefix(env: tuple[tuple[str, str], ...]) -> str:
+    """``NAME=value`` assignments a shell applies to the one command after them (each value quoted)."""
+    return "".join(f"{name}={shlex.quote(value)} " for name, value in env)
+
+
+def export_lines(env: dict[str, str]) -> str:
+    """A script's ``export NAME=value`` lines, so the server its ``exec`` starts runs with ``env``."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+
+
 def drafter_target(spec: SweepSpec, publish_drafter: str | None, *, emitting: bool) -> DrafterTarget | None:
     """Where the deploy launch names the spec's drafter (None: the sweep has none)."""
     if spec.drafter is None:
@@ -115,6 +135,7 @@ def deploy_launches(
         }
     drafter = drafter_target(spec, publish_drafter, emitting=emitting)
     python = spec.sglang_python or "python3"
+    envs = measured_env(con, spec)
     return {
         label: _launch(
             python,
@@ -124,13 +145,19 @@ def deploy_launches(
             ),
             drafter,
             None,
+            tuple(envs.get(label, {}).items()),
         )
         for label, args in measured.items()
     }
 
 
 def _launch(
-    python: str, measured: list[str], deployed: list[str], drafter: DrafterTarget | None, note: str | None
+    python: str,
+    measured: list[str],
+    deployed: list[str],
+    drafter: DrafterTarget | None,
+    note: str | None,
+    env: tuple[tuple[str, str], ...] = (),
 ) -> DeployLaunch:
     argv = sglang_deploy.command(python, deployed)
     uses_drafter = sglang_deploy.DRAFT_FLAG in deployed
@@ -153,7 +180,8 @@ def _launch(
     ]
     if note is not None:
         words.append(note)
-    return DeployLaunch(shlex.join(argv), tuple(argv), "; ".join(words) or None, drafter_note)
+    command = env_prefix(env) + shlex.join(argv)
+    return DeployLaunch(command, tuple(argv), "; ".join(words) or None, drafter_note, env)
 
 
 def _measured_value(flag: str, value: str, drafter: DrafterTarget | None) -> str:

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 from analysis.deploy import config_shapes, level_concurrency, plan_deployment
 from analysis.lossless import lossless_summary, refuse_lossy
 from analysis.store import write_local_atomic
-from harness.deploy_launch import DrafterTarget, drafter_target, measured_args, sweep_spec
+from harness.deploy_launch import (
+    DrafterTarget,
+    drafter_target,
+    export_lines,
+    measured_args,
+    measured_env,
+    sweep_spec,
+)
 from harness.spec import SweepSpec
 from specsweep.errors import ResultsError, disk_full_error, is_disk_full
 from workers.sglang import deploy as sglang_deploy
@@ -69,6 +76,7 @@ def emit(
         deployed += [deployment.adaptive.chain_label, *deployment.adaptive.chosen.values()]
     refuse_lossy(deployed, flagged, allow_lossy=allow_lossy)
     argvs = measured_args(con)
+    envs = measured_env(con, spec)
     target = drafter_target(spec, publish_drafter, emitting=True)
     drafter = _drafter_provenance(con, spec, target)
     python = spec.sglang_python or "python3"
@@ -108,6 +116,7 @@ def emit(
         "static": {
             **dataclasses.asdict(deployment.static),
             "argv": sglang_deploy.command(python, static_args),
+            "env": envs.get(deployment.static.config_label, {}),
             "validation": validations[0],
         },
         "adaptive": None,
@@ -119,24 +128,34 @@ def emit(
         result["adaptive"] = {
             **adaptive,
             "argv": sglang_deploy.command(python, launches[1]),
+            "env": envs.get(adaptive["chain_label"], {}),
             "validation": validations[1],
         }
     if result["adaptive"] is None:
         result["recommended"] = "static"
     chosen = result[result["recommended"]]["argv"]
+    exports = export_lines(result[result["recommended"]]["env"])
     if spec.nodes_per_server == 1:
-        files.write("launch.sh", ("#!/bin/sh\nexec " + shlex.join(chosen) + "\n").encode())
+        files.write("launch.sh", ("#!/bin/sh\n" + exports + "exec " + shlex.join(chosen) + "\n").encode())
     else:
-        result["ranks"] = _rank_scripts(files, spec, con, use_resolver, sglang_deploy.launch_args(chosen))
+        result["ranks"] = _rank_scripts(
+            files, spec, con, use_resolver, sglang_deploy.launch_args(chosen), exports
+        )
     files.write("deploy.json", (json.dumps(result, indent=2, default=str) + "\n").encode())
     return result
 
 
 def _rank_scripts(
-    files: _Files, spec: SweepSpec, con: duckdb.DuckDBPyConnection, use_resolver: bool, args: list[str]
+    files: _Files,
+    spec: SweepSpec,
+    con: duckdb.DuckDBPyConnection,
+    use_resolver: bool,
+    args: list[str],
+    exports: str,
 ) -> list[dict[str, Any]]:
-    """One launch script per node of a multi-node server, each rank's argv validated as SGLang resolves it
-    (with a stand-in rendezvous address); what deploy.json says of each."""
+    """One launch script per node of a multi-node server (each with the server's ``exports``), each rank's
+    argv validated as SGLang resolves it (with a stand-in rendezvous address); what deploy.json says of
+    each."""
     nodes, python = spec.nodes_per_server, spec.sglang_python or "python3"
     slot = sglang_deploy.DIST_INIT_ADDR_SLOT
     argvs = [sglang_deploy.rank_command(python, args, nodes, rank, slot) for rank in range(nodes)]
@@ -148,7 +167,9 @@ def _rank_scripts(
         name = f"launch-rank{rank}.sh"
         line = shlex.join(argv).replace(slot, variable)
         where = "the first node (it serves HTTP)" if rank == 0 else f"node {rank + 1} of {nodes}"
-        files.write(name, f"#!/bin/sh\n# node rank {rank} of {nodes}: run on {where}\nexec {line}\n".encode())
+        files.write(
+            name, f"#!/bin/sh\n# node rank {rank} of {nodes}: run on {where}\n{exports}exec {line}\n".encode()
+        )
         ranks.append({"node_rank": rank, "script": name, "argv": argv, "validation": validation})
     return ranks
 

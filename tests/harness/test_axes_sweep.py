@@ -112,3 +112,30 @@ def test_best_ranks_within_each_axis_value_when_axis_given(
     assert all(f"[mrr={m} spec_v2={v}]" in text for m in "28" for v in "01")
     assert main(["best", str(swept), "--axis", "nope"]) == 2
     assert "has no server axis 'nope'" in capsys.readouterr().err
+
+
+def test_best_emit_deploys_the_winners_environment_when_an_axis_is_an_environment_variable(
+    swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An environment-variable axis is part of the launch: deploy.json's recommended launch carries the
+    winner's value of SGLANG_ENABLE_SPEC_V2 (and the spec's env), launch.sh exports it before its exec,
+    and every `launch:` line `best` prints starts with the variables its config ran with."""
+    dest = tmp_path / "deploy"
+    assert main(["best", str(swept), "--emit", str(dest), "--bootstrap", "200"]) == 0
+    capsys.readouterr()
+    result = json.loads((dest / "deploy.json").read_text())
+    chosen = result[result["recommended"]]
+    label = result["static"]["config_label"] if result["recommended"] == "static" else None
+    value = chosen["env"]["SGLANG_ENABLE_SPEC_V2"]
+    assert value in ("0", "1") and chosen["env"]["SPECSWEEP_SIM_TIME_SCALE"] == "0.05"
+    if label is not None:
+        assert label.endswith(f"spec_v2={value}]")
+    script = (dest / "launch.sh").read_text()
+    assert f"\nexport SGLANG_ENABLE_SPEC_V2={value}\n" in script
+    assert script.index("export SGLANG_ENABLE_SPEC_V2") < script.index("\nexec ")
+    assert main(["best", str(swept), "--bootstrap", "200"]) == 0
+    launches = [line.strip() for line in capsys.readouterr().out.splitlines() if "launch:" in line]
+    assert launches and all(
+        line.startswith("launch: SGLANG_ENABLE_SPEC_V2=") and " -m sglang.launch_server " in line
+        for line in launches
+    )

@@ -38,8 +38,10 @@ WEIGHTS = {"concurrency=1": 1.0, "concurrency=16": 2.0, "concurrency=64": 1.0}
 
 def _spec_data(root: Path) -> dict[str, Any]:
     """Chains of depth 2..8, a wide tree and the baseline on a fast simulator: 192-token answers of the
-    demo's prompt mix at 0.1 of real time (at most ~15,000 chunks/s, the baseline at 64 clients: half what
-    one client reads on this box), each level until its throughput's 95% interval is within 2%
+    demo's prompt mix at 0.2 of real time (at most ~7,500 chunks/s at 64 clients; at 0.1 the default
+    preset's short steps made 10,000-19,000 chunks/s, the box's CPU became the bottleneck and the server
+    favoured configs with the fewest chunks per token: 0.926 and 0.954 of the best chain at 64 clients),
+    each level until its throughput's 95% interval is within 2%
     (at most 640 requests: a level of 64 clients needs many rounds, a lone client few requests). Every
     launch runs at factor 1 (SPECSWEEP_SIM_LAUNCH_SIGMA 0): the default preset's 1.5% launch-to-launch
     variation is not in a level's interval, so the adaptive launch and the sweep's best chain would
@@ -51,7 +53,7 @@ def _spec_data(root: Path) -> dict[str, Any]:
         "drafter": {"path": str(inputs.drafter), "format": "speculators"},
         "base_args": ["--tp-size", "8", "--max-running-requests", "64"],
         "gpus_per_server": 8,
-        "env": {"SPECSWEEP_SIM_TIME_SCALE": "0.1", "SPECSWEEP_SIM_LAUNCH_SIGMA": "0"},
+        "env": {"SPECSWEEP_SIM_TIME_SCALE": "0.2", "SPECSWEEP_SIM_LAUNCH_SIGMA": "0"},
         "speculative": {
             "algorithm": "EAGLE3",
             "chain_depths": [2, 3, 4, 6, 8],
