@@ -18,8 +18,9 @@ callable and the bench plays the measurement device.
   one, else its best measured config); the grid's is its measured best plus every config whose 95%
   interval of the mean over repeats overlaps the best's (launch variance pooled over the configs
   repeated). An answer *contains* the truth when some config of it is within 2% of the true best, at
-  every level. The speedup it prints (answer's best over the baseline) has a 95% interval; *coverage* is
-  the share of those intervals that hold the true speedup.
+  every level. The speedup it prints (answer's best over the baseline) has a 95% interval (the search's
+  answer's from ``answer_interval``: adjusted for being the largest of its tie set); *coverage* is the
+  share of those intervals that hold the true speedup.
 - **Fit error**: the search's own model family (``harness.search.model``: ``fit_steps`` over
   ``step_features`` and the chain/tree acceptance law) fitted to the scenario's noise-free truth over the
   whole grid; its relative RMS error says how far the scenario is from the search's assumptions.
