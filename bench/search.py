@@ -18,8 +18,9 @@ callable and the bench plays the measurement device.
   one, else its best measured config); the grid's is its measured best plus every config whose 95%
   interval of the mean over repeats overlaps the best's (launch variance pooled over the configs
   repeated). An answer *contains* the truth when some config of it is within 2% of the true best, at
-  every level. The speedup it prints (answer's best over the baseline) has a 95% interval; *coverage* is
-  the share of those intervals that hold the true speedup.
+  every level. The speedup it prints (answer's best over the baseline) has a 95% interval (the search's
+  answer's from ``answer_interval``: adjusted for being the largest of its tie set); *coverage* is the
+  share of those intervals that hold the true speedup.
 - **Fit error**: the search's own model family (``harness.search.model``: ``fit_steps`` over
   ``step_features`` and the chain/tree acceptance law) fitted to the scenario's noise-free truth over the
   whole grid; its relative RMS error says how far the scenario is from the search's assumptions.
@@ -56,8 +57,9 @@ from harness.search.model import (
     chain_acceptance,
     fit_gain,
     fit_steps,
+    launch_noise,
 )
-from harness.search.strategy import Budget, Decision, SearchState, predictions, propose
+from harness.search.strategy import Budget, Decision, SearchState, answer_interval, predictions, propose
 from workers.sim.model import DraftShape, accepted_drafts_distribution
 from workers.sim.physics import Acceptance, Preset
 from workers.sim.presets import PRESETS, categories
@@ -324,7 +326,8 @@ def _search_outcome(
         done.append(finished)
     final = strategy(state, 0, Budget(), tolerance)
     ids = {c.label: c.config_id for c in cands}
-    preds = predictions(state)
+    noise = launch_noise(list(state.observations))
+    preds = predictions(state, noise)
     base = _baseline(space)
     contains, ties, covered = True, [], []
     for belief, conc in zip(final.levels, levels, strict=True):
@@ -332,7 +335,7 @@ def _search_outcome(
         tie = tuple(getattr(belief, "tie", None) or ((best,) if best else ()))
         contains &= bool(tie) and device.contains(tie, conc, space)
         ties.append(len(tie))
-        top, b = preds.get((tie[0], level_name(conc))) if tie else None, preds.get((base, level_name(conc)))
+        top, b = answer_interval(state, level_name(conc), noise), preds.get((base, level_name(conc)))
         if top is not None and b is not None and b.measured:
             half = math.hypot(_half_log(top), _half_log(b))
             covered.append(_covers(device, tie[0], base, conc, top.point / b.point, half))

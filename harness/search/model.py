@@ -261,15 +261,17 @@ def launch_noise(observations: list[Observation]) -> tuple[float, int]:
     return math.sqrt(squares / dof), dof
 
 
-def quantile(dof: int) -> float:
-    """The two-sided 95% Student-t quantile: the noise is estimated, not known."""
-    return float(student_t.ppf(0.975, dof))
+def quantile(dof: int, tied: int = 1) -> float:
+    """The two-sided 95% Student-t quantile (the noise is estimated, not known), Bonferroni-adjusted
+    over ``tied`` configs: 95% for all of them at once, so also for whichever of them was picked."""
+    return float(student_t.ppf(1.0 - 0.025 / tied, dof))
 
 
-def measured_interval(values: list[float], noise: float, dof: int) -> Prediction:
-    """The 95% interval of a config's true mean at a level from its ``n`` launches there."""
+def measured_interval(values: list[float], noise: float, dof: int, tied: int = 1) -> Prediction:
+    """The 95% interval of a config's true mean at a level from its ``n`` launches there; with
+    ``tied > 1``, of the config picked as the largest mean of that many (see ``quantile``)."""
     mean = sum(values) / len(values)
-    half = quantile(dof) * noise * mean / math.sqrt(len(values))
+    half = quantile(dof, tied) * noise * mean / math.sqrt(len(values))
     return Prediction(mean, mean - half, mean + half, True)
 
 

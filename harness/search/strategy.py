@@ -11,15 +11,19 @@ Rounds, in order:
    position predicts every shallower chain), the shallowest chain (step time's slope), the largest
    tree (the sibling gain).
 2. Contention: a config not yet launched stays in contention while its predicted interval reaches
-   above the best measured throughput (times ``1 + tolerance``) at some level; those are launched,
-   highest predicted gain first.
+   above the best measured throughput (times ``1 + tolerance``) at some level and that level is still
+   open: the expected loss of stopping there (``_expected_gain``: what the best of its contenders may
+   beat the best measured by, under their predictions) exceeds ``tolerance`` of the best. Those are
+   launched, highest predicted gain first.
 3. Repeats of the tie sets that matter: a level's tie set is its best measured config and every
    measured config whose shortfall from it is not resolved at 95% with launch noise; while answering
    the best may cost more than ``tolerance`` (the expected shortfall summed over its tie set), its
    tied configs are repeated, fewest launches first (up to the spec's ``repeats``).
 
 The search ends when nothing is in contention and nothing is in flight, or when the budget is spent;
-each level's answer is its tie set of measured configs (never a prediction), best first.
+each level's answer is its tie set of measured configs (never a prediction), best first, and the
+interval of its first config's mean is widened for having been picked as the largest of the tie set
+(``answer_interval``).
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ from harness.search.model import (
 )
 
 LOSS_DRAWS = 4000  # samples of a tie set's true means when its expected loss is estimated
-NOISE_PROBES = 2  # repeats that measure the launch noise before the prior is left to decide ties
+NOISE_PROBES = 4  # repeats that measure the launch noise before the prior is left to decide ties
+GAIN_SHARE = 0.1  # a level stays open while stopping may cost more than this share of the tolerance
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,10 +288,13 @@ def _launches_at(state: SearchState, level: str) -> dict[str, list[float]]:
     return values
 
 
-def _unresolved(best: list[float], other: list[float], noise: tuple[float, int]) -> tuple[float, float]:
-    """(difference of the means, its 95% half-width with launch noise) of two configs' launches."""
+def _unresolved(
+    best: list[float], other: list[float], noise: tuple[float, int], compared: int = 1
+) -> tuple[float, float]:
+    """(difference of the means, its 95% half-width with launch noise, Bonferroni over ``compared``
+    differences) of two configs' launches."""
     mb, mo = sum(best) / len(best), sum(other) / len(other)
-    half = quantile(noise[1]) * noise[0] * math.sqrt(mb**2 / len(best) + mo**2 / len(other))
+    half = quantile(noise[1], compared) * noise[0] * math.sqrt(mb**2 / len(best) + mo**2 / len(other))
     return mb - mo, half
 
 
@@ -303,9 +311,36 @@ def tie_set(state: SearchState, level: str, noise: tuple[float, int]) -> tuple[s
         *(
             cid
             for cid in order[1:]
-            if _unresolved(best, values[cid], noise)[0] < _unresolved(best, values[cid], noise)[1]
+            if (gap := _unresolved(best, values[cid], noise, len(order) - 1))[0] < gap[1]
         ),
     )
+
+
+def answer_interval(state: SearchState, level: str, noise: tuple[float, int]) -> Prediction | None:
+    """The 95% interval of the true mean of the answer's first config at ``level`` (None: nothing
+    measured). It was picked as the largest of its tie set's means, which biases it upward (the winner's
+    curse): the interval is Bonferroni-adjusted over the tie set's size (``model.quantile``). Configs
+    outside the tie set are resolved below it and do not widen it; a decided level keeps plain 95%."""
+    tie = tie_set(state, level, noise)
+    if not tie:
+        return None
+    return measured_interval(_launches_at(state, level)[tie[0]], *noise, tied=len(tie))
+
+
+def _expected_gain(best: float, contenders: list[Prediction]) -> float:
+    """E[max(0, the largest true throughput of ``contenders`` - best)]: what stopping now may cost at a
+    level, each unlaunched contender log-normal around its prediction with the sd its interval's upper
+    half implies (independent: an upper bound for errors the model shares). Sampled with a fixed seed
+    (LOSS_DRAWS draws), so the same results give the same decision."""
+    if not contenders:
+        return 0.0
+    if any(math.isinf(p.high) for p in contenders):
+        return math.inf
+    rng = np.random.default_rng(0)
+    points = np.log([p.point for p in contenders])
+    sds = np.array([math.log(p.high / p.point) / Z for p in contenders])
+    draws = np.exp(rng.standard_normal((len(contenders), LOSS_DRAWS)) * sds[:, None] + points[:, None])
+    return float(np.mean(np.maximum(draws.max(axis=0) - best, 0.0)))
 
 
 def _beliefs(
@@ -326,6 +361,11 @@ def _beliefs(
         best = _best_measured(preds, name, state.failed)
         tied = set(ties[name])
         awaited = max((preds[(cid, name)].point for cid in flying), default=0.0)
+        live = [preds[(c.config_id, name)] for c in state.candidates if c.config_id not in state.failed]
+        unlaunched = [p for p in live if not p.measured]
+        open_ = (
+            best is None or _expected_gain(best[1].point, unlaunched) > GAIN_SHARE * tolerance * best[1].point
+        )
         contenders = []
         for cand in state.candidates:
             p = preds[(cand.config_id, name)]
@@ -336,7 +376,7 @@ def _beliefs(
             elif p.measured:
                 in_play, ratio = cand.config_id in tied, 0.0
             else:
-                in_play, ratio = p.high > best[1].point * (1.0 + tolerance), p.point / best[1].point
+                in_play, ratio = open_ and p.high > best[1].point * (1.0 + tolerance), p.point / best[1].point
             if not in_play:
                 continue
             contenders.append(labels[cand.config_id])
@@ -372,13 +412,14 @@ def _next_repeats(
         values = _launches_at(state, name)
         best = values[tie[0]] if tie else []
         losses = {cid: _shortfall(best, values[cid], noise[0]) for cid in tie[1:]}
-        if not losses or _expected_loss([best, *(values[c] for c in tie[1:])], noise[0]) <= tolerance * (
-            sum(best) / len(best)
-        ):
+        if not losses:
             continue
-        for cid, loss in losses.items():
-            for pick in (tie[0], cid):
-                wanted[pick] = max(wanted.get(pick, 0.0), loss)
+        runs_of_tie, mean = [values[c] for c in tie], sum(best) / len(best)
+        if (loss := _expected_loss(runs_of_tie, noise[0])) <= tolerance * mean:
+            continue
+        for i, cid in enumerate(tie):  # worth a launch: one more of it lowers the loss by enough
+            if loss - _expected_loss(runs_of_tie, noise[0], more=i) > GAIN_SHARE * tolerance * mean:
+                wanted[cid] = max(wanted.get(cid, 0.0), losses.get(cid, max(losses.values())))
     eligible = [cid for cid in wanted if runs[cid] < state.repeats and cid not in flying]
     return [(cid, runs[cid]) for cid in sorted(eligible, key=lambda c: (runs[c], -wanted[c]))]
 
@@ -405,13 +446,16 @@ def _noise_probes(
     return [(cid, runs[cid]) for cid in picks[:needed]]
 
 
-def _expected_loss(tie: list[list[float]], noise: float) -> float:
+def _expected_loss(tie: list[list[float]], noise: float, more: int | None = None) -> float:
     """E[max(0, best true mean of the others - the first's true mean)]: what answering the first config of
-    a tie set may cost, each config's true mean normal around its launches' mean with launch noise.
-    Sampled with a fixed seed (LOSS_DRAWS draws), so the same results give the same decision."""
+    a tie set may cost, each config's true mean normal around its launches' mean with launch noise; with
+    ``more``, as if config ``more`` of the tie had one launch more at the same mean (what its repeat is
+    worth). Sampled with a fixed seed (LOSS_DRAWS draws), so the same results give the same decision
+    and two losses compared draw by draw."""
     rng = np.random.default_rng(0)
     means = np.array([sum(v) / len(v) for v in tie])
-    sds = np.array([noise * m / math.sqrt(len(v)) for m, v in zip(means, tie, strict=True)])
+    counts = [len(v) + (i == more) for i, v in enumerate(tie)]
+    sds = np.array([noise * m / math.sqrt(n) for m, n in zip(means, counts, strict=True)])
     draws = rng.standard_normal((len(tie), LOSS_DRAWS)) * sds[:, None] + means[:, None]
     return float(np.mean(np.maximum(draws[1:].max(axis=0) - draws[0], 0.0)))
 

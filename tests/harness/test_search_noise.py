@@ -31,7 +31,7 @@ from harness.search.model import (
     residual_inputs,
 )
 from harness.search.session import read_capacity
-from harness.search.strategy import Budget, Decision, SearchState, propose
+from harness.search.strategy import Budget, Decision, SearchState, answer_interval, propose
 from harness.spec import parse_spec
 from workers.node.records import AttemptFacts, job_record
 from workers.sglang.capacity import reported_capacity
@@ -197,7 +197,10 @@ def test_tie_set_is_the_best_alone_when_the_winner_is_clear_and_both_when_not() 
     """One launch each, prior noise (2%, t(4) = 2.776): c3 at 100 and c2 at 98 differ by 2, under the
     half-width 2.776 x 0.02 x sqrt(100**2 + 98**2) = 7.77: tie (c3, c2), best first. c2 at 80 instead:
     20 > 7.11, decided, a tie set of one; the baseline at 60 is in neither. Nothing has measured the
-    launch noise yet, so the next launch repeats the incumbent c3 to measure it."""
+    launch noise yet, so the next launch repeats the incumbent c3 to measure it. The best is the largest
+    of three means, so t is Bonferroni-adjusted over the two differences to it: c2 at 92 falls 8 short,
+    more than one pairwise half-width (2.776 x 0.02 x sqrt(100**2 + 92**2) = 7.55) but less than the
+    adjusted one (t(4) at 1 - 0.025 / 2, 3.4954: 9.50): tied."""
     tied = propose(
         _small_state([_launch("base", 0, 60), _launch("c2", 0, 98), _launch("c3", 0, 100)]),
         2,
@@ -213,26 +216,58 @@ def test_tie_set_is_the_best_alone_when_the_winner_is_clear_and_both_when_not() 
     )
     assert clear.levels[0].tie == ("c3",)
     assert (clear.launches, clear.reason) == ((("c3", 1),), "repeat to measure launch noise")
+    adjusted = _small_state([_launch("base", 0, 60), _launch("c2", 0, 92), _launch("c3", 0, 100)])
+    assert propose(adjusted, 2, Budget(), TOLERANCE).levels[0].tie == ("c3", "c2")
+
+
+def test_answer_interval_widens_for_the_pick_of_the_tie_set_when_the_level_is_undecided() -> None:
+    """The answer's first config is the largest of its tie set's means, biased upward (winner's curse):
+    its 95% interval is Bonferroni-adjusted over the tie set's size. One launch each, prior noise (2%,
+    4 degrees of freedom): c3 at 100 and c2 at 98 are tied (k = 2), so the quantile is t(4) at
+    1 - 0.025 / 2 = 0.9875, 3.4954 (a t table's 0.0125 column), half-width 3.4954 x 0.02 x 100 = 6.991,
+    not the plain 2.7764 x 2 = 5.553. With c2 at 80 the level is decided (k = 1): the plain 5.553."""
+    tied = _small_state([_launch("base", 0, 60), _launch("c2", 0, 98), _launch("c3", 0, 100)])
+    noise = launch_noise(list(tied.observations))
+    interval = answer_interval(tied, "L0", noise)
+    assert interval is not None
+    assert (interval.point, interval.low, interval.high) == pytest.approx((100.0, 93.009, 106.991), abs=1e-3)
+    clear = _small_state([_launch("base", 0, 60), _launch("c2", 0, 80), _launch("c3", 0, 100)])
+    interval = answer_interval(clear, "L0", noise)
+    assert interval is not None
+    assert (interval.low, interval.high) == pytest.approx((94.447, 105.553), abs=1e-3)
+    assert answer_interval(_small_state([]), "L0", noise) is None
 
 
 def test_propose_repeats_the_least_launched_tied_config_when_the_budget_binds() -> None:
-    """The baseline ran three times (60, 61, 60) and c3 twice (100, 101): three repeats measured the
-    launch noise (sd 1.62%). c3 and c2 (99) are tied, the baseline is not. Answering c3 may cost about
-    0.25 tokens/s
-    against c2 (the expected shortfall): under a tolerance of 1% of 100.5 that is settled; under 0.1% it
-    is not. Then, with no budget, only c2 and c3 are repeated, fewest launches first; with
-    max_launches 7 (6 spent) the one launch left goes to c2, the tied config with the fewest launches,
-    not to the incumbent with the higher mean, and never to the baseline. Before c3's second launch, c2
-    and c3 are both repeated (one launch each)."""
+    """The baseline ran five times (60, 61, 60, 61, 60) and c3 twice (100, 101): five repeats measured
+    the launch noise (sd 1.48%, more than the four noise probes). c3 and c2 (99) are tied, the baseline
+    is not. Answering c3 may cost a fraction of a token/s against c2 (the expected shortfall): under a
+    tolerance of 1% of 100.5 that is settled; under 0.1% it is not. Then, with no budget, only c2 and c3
+    are repeated, fewest launches first; with max_launches 9 (8 spent) the one launch left goes to c2,
+    the tied config with the fewest launches, not to the incumbent with the higher mean, and never to
+    the baseline. Before c3's second launch, c2 and c3 are both repeated (one launch each)."""
     tight = 0.001
-    first = [_launch("base", r, value) for r, value in enumerate((60, 61, 60))]
+    first = [_launch("base", r, value) for r, value in enumerate((60, 61, 60, 61, 60))]
     first += [_launch("c2", 0, 99), _launch("c3", 0, 100)]
     assert set(propose(_small_state(first), 3, Budget(), tight).launches) == {("c3", 1), ("c2", 1)}
     done = [*first, _launch("c3", 1, 101)]
     assert propose(_small_state(done), 3, Budget(), TOLERANCE).reason == "settled"
     assert propose(_small_state(done), 3, Budget(), tight).launches == (("c2", 1), ("c3", 2))
-    decision = propose(_small_state(done), 3, Budget(max_launches=7), tight)
+    decision = propose(_small_state(done), 3, Budget(max_launches=9), tight)
     assert (decision.launches, decision.reason) == ((("c2", 1),), "repeat of a tied config")
+
+
+def test_propose_repeats_only_the_tied_configs_worth_a_launch_when_the_tie_matters() -> None:
+    """The baseline ran five times (60, 65, 60, 65, 60): launch noise 3.23% (9 degrees of freedom). c3
+    ran once (100), c2 twice (99, 99): tied, and answering c3 may cost 1.16 tokens/s (the expected loss),
+    over the 1% tolerance of 100, so the tie matters. One more launch of c3 (its mean from one launch)
+    lowers that loss by 0.29, over a tenth of the tolerance (0.1): repeated. A third launch of c2 lowers
+    it by 0.09: not worth a launch, so it is not repeated although the spec allows three."""
+    done = [_launch("base", r, value) for r, value in enumerate((60, 65, 60, 65, 60))]
+    done += [_launch("c2", 0, 99), _launch("c2", 1, 99), _launch("c3", 0, 100)]
+    decision = propose(_small_state(done), 3, Budget(), TOLERANCE)
+    assert decision.levels[0].tie == ("c3", "c2")
+    assert (decision.launches, decision.reason) == ((("c3", 1),), "repeat of a tied config")
 
 
 # --- what a launch reports about its batches ----------------------------------------------------------
