@@ -38,10 +38,10 @@ def run_demo(out: Path) -> list[tuple[str, int, float, float]]:
     from harness.driver import run_sweep
     from harness.plan import plan_with_local_configs
     from harness.progress import LogProgress
-    from tests.sim_truth import job_launch_factors
     from workers.sglang import SpecParams
     from workers.sim.model import DEFAULT_MIX, Load, steady_state
     from workers.sim.presets import DEFAULT_PRESET
+    from workers.sim.reported import job_launch_factors
 
     prepare_output(out)
     spec, text = demo_spec(out, write_demo_inputs(out))

@@ -24,10 +24,10 @@ from tests.harness.test_driver import (  # noqa: F401  (fixtures used by name)
     rows,
     run,
 )
-from tests.sim_truth import job_launch_factors
 from workers.sglang import SpecParams
 from workers.sim.model import QUANTILES, RANDOM_IDS, Load, ground_truth, open_loop_tpot_quantiles
 from workers.sim.presets import DEFAULT_PRESET
+from workers.sim.reported import job_launch_factors
 
 pytestmark = pytest.mark.ray
 

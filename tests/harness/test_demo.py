@@ -22,9 +22,9 @@ from harness.driver import run_sweep
 from harness.plan import plan_with_local_configs
 from harness.progress import progress_for
 from harness.spec import parse_spec
-from tests.sim_truth import job_launch_factors
 from workers.sim.model import DEFAULT_MIX, RANDOM_IDS, Load, ground_truth, steady_state
 from workers.sim.presets import DEFAULT_PRESET
+from workers.sim.reported import job_launch_factors
 
 # The first test of the module waits for both fixtures' sweeps (one embedded 3-node cluster, a few minutes
 # each on a 2-core machine), which is more than the suite's per-test default.

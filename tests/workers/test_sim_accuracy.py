@@ -17,11 +17,11 @@ import orjson
 import pytest
 
 from tests.launch_args import chain_launch_args
-from tests.sim_truth import server_launch_factor
 from workers.node.launcher import start_sim
 from workers.sglang import SpecParams, api
 from workers.sim.model import RANDOM_IDS, DraftShape, Load, ground_truth
 from workers.sim.presets import DEFAULT_PRESET
+from workers.sim.reported import server_launch_factor
 from workers.sim.tokenizer import write_word_tokenizer
 
 SCALE = 0.5  # slow enough that a few ms of scheduling noise on a busy 2-core box stays well under 3%

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.sim_truth import server_launch_factor
 from workers.job import LoadLevel
 from workers.load.generator import LoadResult, run_load
 from workers.load.workloads import RandomIdsWorkload
@@ -22,6 +21,7 @@ from workers.node.launcher import ServerProcess, start_sim
 from workers.sglang import SpecParams
 from workers.sim.model import RANDOM_IDS, Load, steady_state
 from workers.sim.presets import DEFAULT_PRESET
+from workers.sim.reported import server_launch_factor
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CONCURRENCY = 64

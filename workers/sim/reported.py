@@ -1,4 +1,4 @@
-"""The launch factor a simulated launch runs at, for the tests that compare a measurement with its truth.
+"""The launch factor a simulated launch ran at, as its /server_info reports it (tests and benchmarks).
 
 The default preset varies each launch's costs by one factor (``CostModel.launch_factor``, keyed by the
 launch's tag); a truth for a measured launch passes that factor (``ground_truth(..., factor=...)``).
