@@ -224,3 +224,21 @@ def test_sql_prints_the_results_before_the_failure_when_a_later_statement_fails(
     captured = capsys.readouterr()
     assert "first_answer" in captured.out and "42" in captured.out
     assert "QUERY, statement 2 of 2: query failed" in captured.err and "Traceback" not in captured.err
+
+
+def test_sql_counts_no_requests_when_no_committed_job_has_request_rows(
+    own_results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sweep whose committed jobs wrote no request rows (each failed before its first request) still
+    answers over the read-only connection: the requests view is there and holds 0 rows, the jobs are
+    all there (4 configs of the clear sweep)."""
+    shutil.rmtree(own_results / "requests")
+    assert (
+        main(
+            ["sql", str(own_results), "SELECT count(*) AS n FROM requests; SELECT count(*) AS jobs FROM jobs"]
+        )
+        == 0
+    )
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert lines[1:4] == ["n", "-", "0"]
+    assert lines[7:10] == ["jobs", "----", "4"]
