@@ -469,3 +469,23 @@ def test_convert_reads_a_hugging_face_cache_snapshot_when_its_files_link_into_bl
         (snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
     convert(snapshot, tmp_path / "out")
     assert (tmp_path / "out" / "conversion.json").is_file()
+
+
+def test_convert_refuses_as_a_broken_map_not_absolute_ids_when_d2t_runs_past_the_target_vocab(
+    tmp_path: Path,
+) -> None:
+    """d2t = [0, 255, 256, ..., 349]: strictly increasing, but past the target's 256 ids from its third
+    entry, so it is no id list of this target (absolute or as offsets: arange + d2t = [0, 256, 258, ...]).
+    The refusal says the map and t2d disagree (export both from one vocab map), not that d2t holds
+    absolute ids, whose fix (d2t = ids - arange) would still point past the vocab. Every id counts:
+    the second one (255) is in range."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    d2t = np.concatenate([[0], np.arange(255, 255 + TINY.draft_vocab_size - 1)]).astype(np.int64)
+    checkpoint.tensors["d2t"] = FixtureTensor("I64", d2t.shape, d2t)
+    src = write_checkpoint(checkpoint, tmp_path / "src")
+    with pytest.raises(ConversionError) as caught:
+        convert(src, tmp_path / "out")
+    message = str(caught.value)
+    assert "d2t: arange(draft_vocab) + d2t is not the sorted list of target ids t2d marks" in message
+    assert "absolute" not in message
+    assert not (tmp_path / "out").exists()
