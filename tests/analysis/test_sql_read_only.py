@@ -242,3 +242,18 @@ def test_sql_counts_no_requests_when_no_committed_job_has_request_rows(
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     assert lines[1:4] == ["n", "-", "0"]
     assert lines[7:10] == ["jobs", "----", "4"]
+
+
+def test_connect_read_only_reads_the_sweep_and_job_ids_when_the_results_path_holds_a_partition_name(
+    clear_results: tuple[Path, SyntheticSweep], tmp_path: Path
+) -> None:
+    """Results kept under a folder named like a partition (``sweep=old/job=x/out``) are read with the
+    ids of their own files, the same 4 jobs of one sweep as where they were written: only the path below
+    each table's folder is a partition."""
+    out, _ = clear_results
+    moved = tmp_path / "sweep=old" / "job=x" / "out"
+    shutil.copytree(out, moved)
+    query = "SELECT DISTINCT sweep_id, job_id FROM requests ORDER BY ALL"
+    expected = connect(out).sql(query).fetchall()
+    assert len(expected) == 4 and len({sweep for sweep, _ in expected}) == 1
+    assert connect(moved, read_only=True).sql(query).fetchall() == expected
