@@ -72,6 +72,20 @@ def test_select_best_ranks_by_goodput_when_objective_is_goodput(clear_results) -
     assert any(r.goodput_rps for lv in by_goodput.levels for r in lv.ranked)
 
 
+def test_best_cli_names_goodputs_unit_and_direction_when_ranking_by_goodput(  # type: ignore[no-untyped-def]
+    clear_results, capsys
+) -> None:
+    """`best --objective goodput` says what the ranked numbers are: good requests per second of the window,
+    the more the better (the header a user reads before the table)."""
+    from harness.cli import main
+
+    out, _ = clear_results
+    assert main(["best", str(out), "--objective", "goodput", "--request-slo", REQUEST_SLO]) == 0
+    # the header line (a slow machine may print progress lines first)
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("sweep "))
+    assert "ranked by goodput_rps (requests/s, higher is better)" in header
+
+
 def test_select_best_filters_by_goodput_share_when_level_slo_names_it(clear_results) -> None:  # type: ignore[no-untyped-def]
     """A level SLO on goodput_share keeps only configs whose share of good requests is high enough."""
     out, _ = clear_results

@@ -224,3 +224,40 @@ def test_sql_prints_the_results_before_the_failure_when_a_later_statement_fails(
     captured = capsys.readouterr()
     assert "first_answer" in captured.out and "42" in captured.out
     assert "QUERY, statement 2 of 2: query failed" in captured.err and "Traceback" not in captured.err
+
+
+def test_sql_counts_no_requests_when_no_committed_job_has_request_rows(
+    own_results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sweep whose committed jobs wrote no request rows (each failed before its first request) still
+    answers over the read-only connection: the requests view is there, with its job_id column, and
+    holds no job's rows; the jobs are all there (4 configs of the clear sweep)."""
+    shutil.rmtree(own_results / "requests")
+    assert (
+        main(
+            [
+                "sql",
+                str(own_results),
+                "SELECT count(DISTINCT job_id) AS n FROM requests; SELECT count(*) AS jobs FROM jobs",
+            ]
+        )
+        == 0
+    )
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert lines[1:4] == ["n", "-", "0"]
+    assert lines[7:10] == ["jobs", "----", "4"]
+
+
+def test_connect_read_only_reads_the_sweep_and_job_ids_when_the_results_path_holds_a_partition_name(
+    clear_results: tuple[Path, SyntheticSweep], tmp_path: Path
+) -> None:
+    """Results kept under a folder named like a partition (``sweep=old/job=x/out``) are read with the
+    ids of their own files, the same 4 jobs of one sweep as where they were written: only the path below
+    each table's folder is a partition."""
+    out, _ = clear_results
+    moved = tmp_path / "sweep=old" / "job=x" / "out"
+    shutil.copytree(out, moved)
+    query = "SELECT DISTINCT sweep_id, job_id FROM requests ORDER BY ALL"
+    expected = connect(out).sql(query).fetchall()
+    assert len(expected) == 4 and len({sweep for sweep, _ in expected}) == 1
+    assert connect(moved, read_only=True).sql(query).fetchall() == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -75,6 +76,22 @@ def test_connect_refuses_directory_when_no_committed_results(tmp_path: Path, mak
     assert str(out) in str(err.value)
     if make == "attempts_only":
         assert "in progress" in str(err.value)
+    if make in ("missing", "file"):
+        assert err.value.fix == "pass the output directory of `specsweep run`"
+
+
+def test_connect_reads_every_row_when_the_results_path_holds_a_quote(
+    tmp_path: Path, clear_results: tuple[Path, SyntheticSweep]
+) -> None:
+    """A results directory named ``bob's sweep`` reads the same rows as the original: 4 configs x 3
+    levels = 12 levels, and 12 x (600 measured + 12 warmup) = 7344 requests."""
+    out, _ = clear_results
+    quoted = tmp_path / "bob's sweep"
+    shutil.copytree(out, quoted)
+    con = connect(quoted)
+    assert con.sql("SELECT count(*) FROM jobs").fetchall() == [(4,)]
+    assert con.sql("SELECT count(*) FROM levels").fetchall() == [(12,)]
+    assert con.sql("SELECT count(*) FROM requests").fetchall() == [(7344,)]
 
 
 def test_acceptance_by_position_is_tail_fraction_when_histogram_known(tmp_path: Path) -> None:

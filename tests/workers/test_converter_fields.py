@@ -9,12 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specsweep.errors import ConversionError
 from workers.convert.converter import ConvertOptions, convert, convert_cached
 from workers.convert.eagle3_format import SPECULATORS_FIELDS, FieldAction, LayerNaming, SourceFormat
-from workers.convert.fixtures import TINY, Variant, build_checkpoint, published_shapes, write_checkpoint
+from workers.convert.fixtures import (
+    TINY,
+    FixtureTensor,
+    Variant,
+    build_checkpoint,
+    published_shapes,
+    write_checkpoint,
+    write_target_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = {shape.name: shape for shape in published_shapes()}
@@ -185,3 +194,32 @@ def test_convert_reads_norm_before_fc_as_sglang_does_when_top_level_and_eagle_co
     assert "config.json:norm_before_fc: checkpoint has input_norm.weight" in str(refused.value)
     assert "(fix: set norm_before_fc: true" in str(refused.value)
     assert not (tmp_path / "refused").exists()
+
+
+def test_convert_converts_full_vocab_draft_when_it_carries_d2t_without_t2d(tmp_path: Path) -> None:
+    """A draft over the whole target vocab needs no vocab map, so an identity d2t (all zero offsets)
+    without its t2d is converted, not refused as a map whose t2d marks nothing: the map is checked only
+    when both halves are there (when the draft vocab is smaller, both are required keys)."""
+    checkpoint = build_checkpoint(SourceFormat.SGLANG, variant=Variant(full_vocab=True))
+    zeros = np.zeros(TINY.vocab_size, dtype=np.int64)
+    checkpoint.tensors["d2t"] = FixtureTensor("I64", zeros.shape, zeros)
+    report = convert(write_checkpoint(checkpoint, tmp_path / "src"), tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["draft_vocab_size"] == TINY.vocab_size
+    assert "d2t" in {t.output for t in report.tensors}
+
+
+def test_convert_notes_each_differing_mla_field_when_target_layout_differs(tmp_path: Path) -> None:
+    """An MLA draft whose kv_lora_rank (32) and v_head_dim (16) differ from the target's (64, 32) still
+    converts (the draft sizes its own KV cache), and the target check names both fields, draft value then
+    target value, separated by '; '."""
+    src = write_checkpoint(build_checkpoint(SourceFormat.SGLANG_MLA), tmp_path / "src")
+    target = write_target_config(tmp_path / "target", TINY)
+    config = json.loads((target / "config.json").read_text())
+    config |= {"kv_lora_rank": 64, "v_head_dim": 32}
+    (target / "config.json").write_text(json.dumps(config))
+    report = convert(src, tmp_path / "out", ConvertOptions(target_config=target))
+    detail = next(check.detail for check in report.checks if check.name == "target config")
+    assert (
+        "MLA layout differs from the target's (kv_lora_rank 32 vs target 64; v_head_dim 16 vs target 32): "
+        "check the draft" in detail
+    )

@@ -84,6 +84,15 @@ def _d2t_bf16(checkpoint: FixtureCheckpoint) -> None:
     checkpoint.tensors["d2t"] = FixtureTensor("BF16", d2t.shape, bf16_bits(d2t.astype(np.float32)))
 
 
+def _d2t_f16(checkpoint: FixtureCheckpoint) -> None:
+    d2t, _ = vocab_map(TINY)
+    checkpoint.tensors["d2t"] = FixtureTensor("F16", d2t.shape, d2t.astype(np.float16))
+
+
+def _fc_as_f32(checkpoint: FixtureCheckpoint) -> None:
+    checkpoint.tensors["fc.weight"] = FixtureTensor("F32", checkpoint.tensors["fc.weight"].shape, seed=5)
+
+
 def _t2d_extra_id(checkpoint: FixtureCheckpoint) -> None:
     _, t2d = vocab_map(TINY)
     t2d = t2d.copy()
@@ -239,13 +248,25 @@ CASES: dict[str, tuple[SourceFormat, Callable[[FixtureCheckpoint], None], dict, 
     ),
     "d2t absolute ids": (SourceFormat.SPECULATORS, _d2t_absolute, {}, ("d2t", "absolute", "arange")),
     "d2t as bf16": (SourceFormat.SPECULATORS, _d2t_bf16, {}, ("d2t", "BF16", "int64")),
+    # F16 holds integers exactly up to 2048 (11-bit significand), BF16 up to 256 (8 bits).
+    "d2t as f16": (SourceFormat.SPECULATORS, _d2t_f16, {}, ("d2t: stored as F16", "exactly only up to 2048")),
+    # One F32 tensor among twelve BF16 ones: each dtype with its first tensor and how many more.
+    "mixed float dtypes": (
+        SourceFormat.SGLANG,
+        _fc_as_f32,
+        {},
+        (
+            "mixed float dtypes (BF16: midlayer.self_attn.q_proj.weight (+11), F32: fc.weight (+0))",
+            "one dtype",
+        ),
+    ),
     "t2d count": (SourceFormat.SPECULATORS, _t2d_extra_id, {}, ("t2d", "marks 97", "96")),
     "missing d2t": (SourceFormat.SPECULATORS, _drop_key("d2t"), {}, ("d2t", "missing", "offsets")),
     "tie word embeddings": (
         SourceFormat.SGLANG,
         _config(tie_word_embeddings=True),
         {},
-        ("tie_word_embeddings", "false"),
+        ("config.json:tie_word_embeddings: is true", "false"),
     ),
     "LlamaForCausalLM kept": (
         SourceFormat.EAGLE,
@@ -258,6 +279,12 @@ CASES: dict[str, tuple[SourceFormat, Callable[[FixtureCheckpoint], None], dict, 
         _config(norm_before_residual=True),
         {},
         ("norm_before_residual",),
+    ),
+    "norm_before_residual in an SGLang checkpoint": (
+        SourceFormat.SGLANG,
+        _config(norm_before_residual=True),
+        {},
+        ("config.json:norm_before_residual: is true", "retrain with it false"),
     ),
     "qwen3 layer": (SourceFormat.SPECULATORS, _layer_config(model_type="qwen3"), {}, ("model_type", "qwen3")),
     "unknown config field": (SourceFormat.SPECULATORS, _config(fancy_mode=True), {}, ("fancy_mode",)),
@@ -442,3 +469,23 @@ def test_convert_reads_a_hugging_face_cache_snapshot_when_its_files_link_into_bl
         (snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
     convert(snapshot, tmp_path / "out")
     assert (tmp_path / "out" / "conversion.json").is_file()
+
+
+def test_convert_refuses_as_a_broken_map_not_absolute_ids_when_d2t_runs_past_the_target_vocab(
+    tmp_path: Path,
+) -> None:
+    """d2t = [0, 255, 256, ..., 349]: strictly increasing, but past the target's 256 ids from its third
+    entry, so it is no id list of this target (absolute or as offsets: arange + d2t = [0, 256, 258, ...]).
+    The refusal says the map and t2d disagree (export both from one vocab map), not that d2t holds
+    absolute ids, whose fix (d2t = ids - arange) would still point past the vocab. Every id counts:
+    the second one (255) is in range."""
+    checkpoint = build_checkpoint(SourceFormat.SPECULATORS)
+    d2t = np.concatenate([[0], np.arange(255, 255 + TINY.draft_vocab_size - 1)]).astype(np.int64)
+    checkpoint.tensors["d2t"] = FixtureTensor("I64", d2t.shape, d2t)
+    src = write_checkpoint(checkpoint, tmp_path / "src")
+    with pytest.raises(ConversionError) as caught:
+        convert(src, tmp_path / "out")
+    message = str(caught.value)
+    assert "d2t: arange(draft_vocab) + d2t is not the sorted list of target ids t2d marks" in message
+    assert "absolute" not in message
+    assert not (tmp_path / "out").exists()
