@@ -476,8 +476,11 @@ def _shortfall(best: list[float], other: list[float], noise: float) -> float:
 def _best_measured(
     preds: dict[tuple[str, str], Prediction], level: str, failed: frozenset[str] = frozenset()
 ) -> tuple[str, Prediction] | None:
-    """The measured config with the highest mean throughput at ``level``."""
+    """The measured config with the highest mean throughput at ``level``; a config that measured nothing
+    there (no output: throughput 0) is no incumbent, so every other config stays in play."""
     measured = [
-        (cid, p) for (cid, lv), p in preds.items() if lv == level and p.measured and cid not in failed
+        (cid, p)
+        for (cid, lv), p in preds.items()
+        if lv == level and p.measured and cid not in failed and p.point > 0
     ]
     return max(measured, key=lambda item: item[1].point, default=None)

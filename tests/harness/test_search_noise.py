@@ -359,3 +359,13 @@ def test_session_reads_what_a_launch_reported_when_its_jobs_row_is_committed(tmp
         (1, 2, 3, 4, 5, 6, 7, 8, 10, 12), 12
     )
     assert read_capacity(out.store, plan.sweep_id, other.job_id) is None
+
+
+def test_propose_keeps_every_config_in_play_when_the_only_launch_measured_no_output() -> None:
+    """The baseline's only launch produced no output at L0 (its throughput reads 0, as a level with a null
+    rate does): it is no incumbent to beat, so the search goes on with the seeds instead of failing on a
+    division by that 0, and the level has no best yet."""
+    decision = propose(_small_state([_launch("base", 0, 0.0)]), 2, Budget(), 0.01)
+    assert set(decision.launches) == {("c3", 0), ("c2", 0)} and decision.reason == "seed"
+    (level,) = decision.levels
+    assert level.best_label is None and level.best_throughput is None
