@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from harness.cli import main
 from harness.plan import Plan, plan_sweep
 from harness.spec import parse_spec
 from specsweep.errors import SpecError
+from tests.harness.sim_sweeps import run_refused_before_launch
 from workers.sglang.deploy import deploy_args
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -96,25 +95,10 @@ def test_run_refuses_before_launch_with_sglangs_message_when_an_algorithms_param
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`specsweep run` lists the NGRAM points SGLang refuses and exits 2 before any server starts."""
-    spec_file = tmp_path / "sweep.yaml"
     data = spec_data(per_algorithm={"NGRAM": {"args": ["--speculative-ngram-match-type", "LONGEST"]}})
-    spec_file.write_text(yaml.safe_dump(data))
-    out = tmp_path / "out"
-    argv = [
-        "run",
-        str(spec_file),
-        "--out",
-        str(out),
-        "--ray-address",
-        "local",
-        "--draft-config",
-        str(DEEPSEEK_DRAFT),
-    ]
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    assert "invalid choice: 'LONGEST'" in captured.out
-    assert "2 of 7 point(s) would not run" in captured.err and "Traceback" not in captured.err
-    assert not out.exists() or not any(out.iterdir())
+    out, err = run_refused_before_launch(tmp_path, data, DEEPSEEK_DRAFT, capsys)
+    assert "invalid choice: 'LONGEST'" in out
+    assert "2 of 7 point(s) would not run" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

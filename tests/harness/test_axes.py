@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from harness.cli import main
 from harness.plan import Plan, plan_sweep, unchecked_plan
 from harness.spec import parse_spec
 from specsweep.errors import SpecError
+from tests.harness.sim_sweeps import run_refused_before_launch
 
 
 def spec_data(kimi_target: Path, eagle3_draft: Path, **changes: Any) -> dict[str, Any]:
@@ -85,24 +84,9 @@ def test_run_refuses_before_launch_with_sglangs_message_when_an_axis_value_is_wr
     Ray) starts; nothing is written to OUT."""
     data = spec_data(kimi_target, eagle3_draft)
     data["axes"]["graph_bs"]["values"] = ["64", "lots"]
-    spec_file = tmp_path / "sweep.yaml"
-    spec_file.write_text(yaml.safe_dump(data))
-    out = tmp_path / "out"
-    argv = [
-        "run",
-        str(spec_file),
-        "--out",
-        str(out),
-        "--ray-address",
-        "local",
-        "--draft-config",
-        str(eagle3_draft),
-    ]
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    assert "invalid int value: 'lots'" in captured.out
-    assert "6 of 12 point(s) would not run" in captured.err and "Traceback" not in captured.err
-    assert not out.exists() or not any(out.iterdir())
+    out, err = run_refused_before_launch(tmp_path, data, eagle3_draft, capsys)
+    assert "invalid int value: 'lots'" in out
+    assert "6 of 12 point(s) would not run" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

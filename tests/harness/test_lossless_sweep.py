@@ -6,7 +6,6 @@ the plan, before anything runs."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,11 +14,7 @@ import yaml
 
 from analysis.views import connect
 from harness.cli import main
-from harness.demo import simulated_cluster
-from harness.driver import run_sweep
-from harness.plan import plan_with_local_configs
-from harness.progress import progress_for
-from harness.spec import parse_spec
+from tests.harness.sim_sweeps import run_on_simulated_cluster
 from workers.convert.eagle3_format import SourceFormat
 from workers.convert.fixtures import TINY, build_checkpoint, write_checkpoint, write_target_config
 from workers.load.lossless import CHECK_PROMPTS
@@ -59,21 +54,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         },
         "output_dir": str(out),
     }
-    spec = parse_spec(data)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("SPECSWEEP_DRAFTER_CACHE", str(root / "drafters"))
-        env.setenv("SPECSWEEP_PID_DIR", str(root / "pids"))
-        with simulated_cluster(nodes=1, gpus_per_node=24, cpus_per_node=3) as address:
-            plan = plan_with_local_configs(spec, use_resolver=False)
-            summary = run_sweep(
-                spec,
-                yaml.safe_dump(data),
-                plan,
-                out,
-                ray_address=address,
-                resume=False,
-                progress=progress_for(sys.stdout),
-            )
+    plan, summary = run_on_simulated_cluster(data, root, nodes=1, gpus_per_node=24, cpus_per_node=3)
     assert sorted(j.config_label for j in plan.jobs) == ["baseline", "chain d=3", TREE]
     assert summary.counts["done"] == 3
     yield out

@@ -33,6 +33,7 @@ from harness.search.model import (
 from harness.search.session import read_capacity
 from harness.search.strategy import Budget, Decision, SearchState, answer_interval, propose
 from harness.spec import parse_spec
+from tests.harness.search_worlds import accept_length_of, histogram_of
 from workers.node.records import AttemptFacts, job_record
 from workers.sglang.capacity import reported_capacity
 
@@ -80,22 +81,6 @@ def world_depth_accepts(cand: Candidate) -> list[float]:
     return chances
 
 
-def world_accept(cand: Candidate) -> float:
-    length, reach = 1.0, 1.0
-    for chance in world_depth_accepts(cand):
-        reach *= chance
-        length += reach
-    return length
-
-
-def world_histogram(cand: Candidate, steps: int = 20_000) -> tuple[int, ...]:
-    reach, counts = 1.0, []
-    for chance in world_depth_accepts(cand):
-        counts.append(round(steps * reach * (1.0 - chance)))
-        reach *= chance
-    return (*counts, round(steps * reach))
-
-
 def world_capacity(cand: Candidate) -> Capacity:
     return Capacity(SPEC_CAPTURED, SPEC_CAP) if cand.speculative else Capacity(BASE_CAPTURED, 256)
 
@@ -111,7 +96,7 @@ def world_throughput(cand: Candidate, clients: int) -> float:
     passes = (cand.steps or 0) + 1
     step = max(0.014, 4e-5 * verified) + (0.0006 * passes * (1 + 0.03 * padded) if cand.speculative else 0.0)
     step += 0.003 * passes if eager else 0.0
-    accept = world_accept(cand)
+    accept = accept_length_of(world_depth_accepts(cand))
     return accept * running / (step + 0.0003 * accept)
 
 
@@ -123,7 +108,7 @@ def world_measure(cand: Candidate, repeat: int, rng: random.Random, noise: float
             name,
             clients,
             world_throughput(cand, clients) * factor * (1.0 + rng.gauss(0.0, 0.002)),
-            world_histogram(cand) if cand.speculative else None,
+            histogram_of(world_depth_accepts(cand)) if cand.speculative else None,
         )
         for name, clients in LEVELS
     )

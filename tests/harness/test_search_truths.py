@@ -25,6 +25,7 @@ from harness.search.session import SearchSession
 from harness.search.strategy import Budget, SearchState, propose
 from harness.spec import parse_spec
 from specsweep.error_classes import ErrorClass
+from tests.harness.search_worlds import accept_length_of, histogram_of
 
 TOLERANCE = 0.01
 LEVELS = (("concurrency=1", 1), ("concurrency=16", 16), ("concurrency=64", 64))
@@ -76,23 +77,6 @@ def world_depth_accepts(cand: Candidate) -> list[float]:
     return chances
 
 
-def world_accept(cand: Candidate) -> float:
-    length, reach = 1.0, 1.0
-    for chance in world_depth_accepts(cand):
-        reach *= chance
-        length += reach
-    return length
-
-
-def world_histogram(cand: Candidate, steps: int = 20_000) -> tuple[int, ...]:
-    """Verify steps that accepted exactly j drafts, j = 0 .. depth."""
-    reach, counts = 1.0, []
-    for chance in world_depth_accepts(cand):
-        counts.append(round(steps * reach * (1.0 - chance)))
-        reach *= chance
-    return (*counts, round(steps * reach))
-
-
 def world_step_s(cand: Candidate, batch: int) -> float:
     """A verify step's seconds: verifying costs more than linearly in the tokens a batch verifies."""
     if cand.steps is None or cand.topk is None or cand.draft_tokens is None:
@@ -108,7 +92,7 @@ def world_step_s(cand: Candidate, batch: int) -> float:
 
 
 def world_throughput(cand: Candidate, batch: int) -> float:
-    accept = world_accept(cand)
+    accept = accept_length_of(world_depth_accepts(cand))
     return accept * batch / (world_step_s(cand, batch) + 0.00025 * batch * accept)
 
 
@@ -118,7 +102,7 @@ def world_measure(cand: Candidate, repeat: int, rng: random.Random) -> Observati
             name,
             batch,
             world_throughput(cand, batch) * (1.0 + rng.gauss(0.0, 0.005)),
-            world_histogram(cand) if cand.speculative else None,
+            histogram_of(world_depth_accepts(cand)) if cand.speculative else None,
         )
         for name, batch in LEVELS
     )
