@@ -21,10 +21,10 @@ import pytest
 from harness.cli import main
 from harness.driver import SweepSummary
 from harness.queue import open_read_only
-from tests.harness.test_driver import (  # noqa: F401  (env_dirs, models: fixtures shared with test_driver)
+from tests.harness.conftest import NODE_DIR_VARS
+from tests.harness.test_driver import (  # noqa: F401  (models: a fixture shared with test_driver)
     LEVELS,
     REQUESTS_PER_LEVEL,
-    env_dirs,
     make_spec,
     models,
     processes_of_job,
@@ -40,19 +40,25 @@ TWO_NODE = {"base_args": ["--tp-size", "16"], "gpus_per_server": 8, "nodes_per_s
 
 
 @pytest.fixture(scope="module")
-def cluster(env_dirs: Path) -> Iterator[Any]:  # noqa: F811
-    """A head without GPUs plus four simulated 8-GPU nodes: room for two servers of two nodes."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A head without GPUs plus four simulated 8-GPU nodes: room for two servers of two nodes (the session's
+    two-node cluster is too small), with node-local dirs of its own in this process's environment while
+    the module runs, as the nodes inherit them."""
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    for _ in range(4):
-        c.add_node(num_cpus=2, num_gpus=8)
-    c.wait_for_nodes()
-    ray.init(address=c.address, namespace="specsweep", log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    root = tmp_path_factory.mktemp("node-local-4")
+    with pytest.MonkeyPatch.context() as env:
+        for name, folder in NODE_DIR_VARS.items():
+            env.setenv(name, str(root / folder))
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+        for _ in range(4):
+            c.add_node(num_cpus=2, num_gpus=8)
+        c.wait_for_nodes()
+        ray.init(address=c.address, namespace="specsweep", log_to_driver=False)
+        yield c
+        ray.shutdown()
+        c.shutdown()
 
 
 def ready_events(out: Path) -> list[str]:
