@@ -69,7 +69,8 @@ def test_emit_writes_one_script_per_node_rank_when_the_server_spans_two_nodes(
 def test_describe_prints_the_choice_schedule_drafter_and_launch_when_each_is_there() -> None:
     """The summary `best --emit` prints, line by line, for a result with an adaptive schedule that gives
     up a level, a drafter to publish, and one launch.sh; then without adaptive (its note instead), with
-    a drafter already published (no publish command) and two node ranks (one line each)."""
+    a drafter already published (no publish command), a tie on the mix with the preference that broke it,
+    and two node ranks (one line each)."""
     result = {
         "recommended": "adaptive",
         "weights": {"concurrency=1": 1.0, "concurrency=64": 1.0},
@@ -81,6 +82,8 @@ def test_describe_prints_the_choice_schedule_drafter_and_launch_when_each_is_the
             "gives_up": {"concurrency=1": "'tree' wins here"},
         },
         "drafter": {"published": "org/draft", "publish_command": ["hf", "upload", "org/draft", "/d x"]},
+        "tie": [],
+        "preference": [],
     }
     dest = Path("/out/deploy")
     assert describe(result, dest).splitlines() == [
@@ -96,6 +99,8 @@ def test_describe_prints_the_choice_schedule_drafter_and_launch_when_each_is_the
     ]
     result |= {
         "recommended": "static",
+        "tie": ["chain d=4", "chain d=6"],
+        "preference": ["'chain d=4' over 'chain d=6': tied on the mix, fewer draft tokens"],
         "adaptive": None,
         "adaptive_note": "no chain wins a level",
         "drafter": {"published": "org/draft", "publish_command": None},
@@ -106,6 +111,8 @@ def test_describe_prints_the_choice_schedule_drafter_and_launch_when_each_is_the
     }
     assert describe(result, dest).splitlines()[3:] == [
         "   adaptive: none (no chain wins a level)",
+        "   tie on the mix: chain d=4, chain d=6",
+        "   prefer: 'chain d=4' over 'chain d=6': tied on the mix, fewer draft tokens",
         "   drafter: org/draft",
         "   launch node rank 0: /out/deploy/launch-rank0.sh (DIST_INIT_ADDR=HOST:PORT of rank 0); validate valid",
         "   launch node rank 1: /out/deploy/launch-rank1.sh (DIST_INIT_ADDR=HOST:PORT of rank 0); "
