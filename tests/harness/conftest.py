@@ -20,10 +20,12 @@ def node_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 NODE_DIR_VARS = {"SPECSWEEP_PID_DIR": "pids", "SPECSWEEP_DRAFTER_CACHE": "drafters"}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def simulated_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    """A head without GPUs plus two simulated 8-GPU nodes, started once for every driver module that asks
-    for ``cluster`` (each start cost 10 s idle, more under load, and four modules use it); the root of
+    """A head without GPUs plus two simulated 8-GPU nodes for one driver module that asks for ``cluster``.
+    Module-scoped: shared across the session's modules (issue 32's attempt) the subprocess drivers of
+    test_search_driver and test_capacity_driver found their named DriverLock actor dead before it ran
+    ("cancelled before it started running") in a fresh-clone run; a cluster per module, as before; the root of
     its node-local dirs (pid files, drafter cache), which its raylets and workers inherit at start. No
     driver is connected between modules: ``cluster`` connects for one module, and the last module that
     uses it shuts the nodes down (an idle cluster takes about 5% of a core from the modules after it)."""

@@ -99,7 +99,8 @@ def test_best_marks_the_lossy_config_and_shows_the_floor_when_the_check_ran(
     config's verdict; the JSON output carries the same."""
     assert main(["best", str(checked), "--bootstrap", "200"]) == 0
     text = capsys.readouterr().out
-    (tree_row,) = [line for line in text.splitlines() if TREE in line and "%" in line and "floor" not in line]
+    rows = [line for line in text.splitlines() if line.lstrip().startswith(TREE) or f" {TREE} " in line]
+    (tree_row,) = [line for line in rows if "%" in line and "floor" not in line and "tie:" not in line]
     assert tree_row.rstrip().endswith("LOSSY")
     assert not any("chain d=3" in line and "LOSSY" in line for line in text.splitlines())
     assert f"differs in 0 of {len(CHECK_PROMPTS)} prompts (0.0%)" in text
@@ -115,16 +116,32 @@ def test_best_marks_the_lossy_config_and_shows_the_floor_when_the_check_ran(
 def test_best_emit_refuses_a_lossy_config_unless_allowed_when_it_is_the_one_to_deploy(
     checked: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """With an SLO only the (slower) tree meets, the tree is the config to deploy: `--emit` refuses it in
-    one line naming it and --allow-lossy (exit 2, nothing written), and writes it with --allow-lossy."""
+    """With an SLO only the tree meets (a throughput bound between the tree's and the nearest other
+    config's, above or below as the physics orders them), the tree is the one config to deploy, so no tie
+    lets a simpler launch win: `--emit` refuses it in one line naming it and --allow-lossy (exit 2,
+    nothing written), and writes it with --allow-lossy."""
     con = connect(checked)
-    ((tree_tps, others_tps),) = con.sql(
-        "SELECT max(output_tok_s_per_gpu) FILTER (WHERE config_label = ?), "
-        "min(output_tok_s_per_gpu) FILTER (WHERE config_label <> ?) FROM results",
-        params=[TREE, TREE],
+    ((tree_tps,),) = con.sql(
+        "SELECT output_tok_s_per_gpu FROM results WHERE config_label = ?", params=[TREE]
     ).fetchall()
-    assert tree_tps < others_tps, "the simulated tree (topk 2) should be the slowest"
-    slo = f"output_tok_s_per_gpu<={(tree_tps + others_tps) / 2:.3f}"
+    others = [
+        v
+        for (v,) in con.sql(
+            "SELECT output_tok_s_per_gpu FROM results WHERE config_label <> ?", params=[TREE]
+        ).fetchall()
+    ]
+    con.close()
+    above = [v for v in others if v > tree_tps]
+    below = [v for v in others if v < tree_tps]
+    if not below:  # the slowest: only it is at most the midpoint to the next one
+        slo = f"output_tok_s_per_gpu<={(tree_tps + min(above)) / 2:.3f}"
+    elif not above:  # the fastest: only it is at least the midpoint to the next one
+        slo = f"output_tok_s_per_gpu>={(tree_tps + max(below)) / 2:.3f}"
+    else:  # between: a band around it
+        slo = (
+            f"output_tok_s_per_gpu>={(tree_tps + max(below)) / 2:.3f},"
+            f"output_tok_s_per_gpu<={(tree_tps + min(above)) / 2:.3f}"
+        )
     dest = tmp_path / "deploy"
     best = ["best", str(checked), "--slo", slo, "--bootstrap", "200", "--emit", str(dest)]
     assert main(best) == 2
