@@ -40,6 +40,14 @@ RAMP_UP_S = 1.0  # the demo's load.ramp_up_s
 
 
 RANDOM_IDS_WORKLOAD = {"kind": "random_ids", "input_tokens": 256, "output_tokens": 128, "vocab_size": 163840}
+# The random-ids sweep's grid: the configs that can win on random ids, so its three jobs run in one round of
+# the demo's three nodes (its five took two). ``steady_state`` (256-token prompts, 128 out, 1 s ramp-up), as a
+# share of the level's best at 16 (and 64) streams: chain d=2 1 (1), chain d=4 0.941 (0.916), the tree 0.885
+# (0.865), the baseline 0.786 (0.807), chain d=12 0.651 (0.651). The baseline and chain d=12 are 19% and
+# more below the winner at both levels, far beyond the 1.5% launch factor and a 6 s level's noise, so they
+# never decide the winner (the statistic checked); the mix winner under load (chain d=4) is kept.
+RANDOM_IDS_GRID = {"baseline": False, "chain_depths": [2, 4]}
+DEMO_CONFIGS, RANDOM_IDS_CONFIGS = 5, 3  # the demo's baseline, tree and three chains; the tree and two chains
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +66,11 @@ def demo_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
             yield address, cache
 
 
-def _run_demo(out: Path, cluster: tuple[str, Path], **load: object) -> Path:
+def _run_demo(
+    out: Path, cluster: tuple[str, Path], grid: dict[str, object] | None = None, **load: object
+) -> Path:
     """The demo spec as `specsweep demo` runs it, with ``load`` fields changed, on ``cluster`` (builtin
-    validation)."""
+    validation); ``grid`` (``baseline``, ``chain_depths``) narrows its configs."""
     address, cache = cluster
     prepare_output(out)
     spec, _ = demo_spec(out, write_demo_inputs(out))
@@ -69,6 +79,9 @@ def _run_demo(out: Path, cluster: tuple[str, Path], **load: object) -> Path:
         "examples/demo.yaml's levels are not the 12 s tested here"
     )
     data["load"].update(load)
+    if grid is not None:
+        data["baseline"] = grid["baseline"]
+        data["speculative"]["chain_depths"] = grid["chain_depths"]
     spec = parse_spec(data, source="the demo spec")
     plan = plan_with_local_configs(spec, use_resolver=False)
     summary = run_sweep(
@@ -80,7 +93,7 @@ def _run_demo(out: Path, cluster: tuple[str, Path], **load: object) -> Path:
         resume=False,
         progress=progress_for(sys.stdout),
     )
-    assert summary.counts["done"] == len(plan.jobs) == 5
+    assert summary.counts["done"] == len(plan.jobs) == (DEMO_CONFIGS if grid is None else RANDOM_IDS_CONFIGS)
     assert any(cache.iterdir()), "the demo's nodes did not convert the drafter into their own cache"
     return out
 
@@ -93,11 +106,12 @@ def demo_out(tmp_path_factory: pytest.TempPathFactory, demo_cluster: tuple[str, 
 
 @pytest.fixture(scope="module")
 def random_ids_out(tmp_path_factory: pytest.TempPathFactory, demo_cluster: tuple[str, Path]) -> Path:
-    """The same grid on random token ids (the stress shape), at the loaded levels only."""
+    """The grid's configs that can win on random token ids (the stress shape), at the loaded levels only."""
     out = tmp_path_factory.mktemp("demo-random") / "results"
     return _run_demo(
         out,
         demo_cluster,
+        RANDOM_IDS_GRID,
         concurrency=[16, 64],
         workload=RANDOM_IDS_WORKLOAD,
         duration_s=RANDOM_IDS_DURATION_S,
@@ -134,7 +148,7 @@ def _true_winner(con, level: str, concurrency: int) -> str:
         ).output_throughput
         for label, algo, steps, topk, draft, mrr, prompt, random_ids in rows
     }
-    assert len(truth) == 5
+    assert len(truth) == (RANDOM_IDS_CONFIGS if rows[0][-1] else DEMO_CONFIGS)
     return max(truth, key=truth.__getitem__)
 
 

@@ -39,12 +39,16 @@ def test_search_sweep_resumes_without_relaunching_when_driver_is_killed(
 ) -> None:
     """strategy: model on two slots: the first two launches run at once on both slots; after a SIGKILL
     with two launches done, --resume finishes the search; no config is launched twice, no finished job
-    runs again, and every launched job's rows are there exactly once. status shows the belief."""
+    runs again, and every launched job's rows are there exactly once. status shows the belief.
+
+    Chains d=2..4 (four candidates with the baseline, at most four launches): the rule is the resume's,
+    which needs the three seeds (baseline, deepest and shallowest chain) so that launches are still in
+    flight when the driver is killed after two; d=5 and d=6 only added launches after the resume."""
     out = tmp_path / "out"
     data = make_spec(
         models,
         out,
-        speculative={"chain_depths": [2, 3, 4, 5, 6]},
+        speculative={"chain_depths": [2, 3, 4]},
         search={"strategy": "model"},
         env={"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_LOAD_DELAY_S": "0.5"},
     )
