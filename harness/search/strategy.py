@@ -59,7 +59,7 @@ from harness.search.model import (
 )
 
 LOSS_DRAWS = 4000  # samples of a tie set's true means when its expected loss is estimated
-NOISE_PROBES = 4  # repeats that measure the launch noise before the prior is left to decide ties
+NOISE_PROBES = 3  # repeats that measure the launch noise before the prior is left to decide ties
 GAIN_SHARE = 0.1  # a level stays open while stopping may cost more than this share of the tolerance
 # a tied config is repeated only where its launch lowers the tie's expected loss by this share of the
 # tolerance: with a tenth, bench/search.py's noisiest flat optima bought 5-7 repeats a run that seldom

@@ -235,7 +235,7 @@ def test_answer_interval_widens_for_the_pick_of_the_tie_set_when_the_level_is_un
 
 def test_propose_repeats_the_least_launched_tied_config_when_the_budget_binds() -> None:
     """The baseline ran five times (60, 61, 60, 61, 60) and c3 twice (100, 101): five repeats measured
-    the launch noise (sd 1.48%, more than the four noise probes). c3 and c2 (99) are tied, the baseline
+    the launch noise (sd 1.48%, more than the three noise probes). c3 and c2 (99) are tied, the baseline
     is not. Answering c3 may cost a fraction of a token/s against c2 (the expected shortfall): under a
     tolerance of 1% of 100.5 that is settled; under 0.01% it is not. Then, with no budget, only c2 and c3
     are repeated, fewest launches first; with max_launches 9 (8 spent) the one launch left goes to c2,
