@@ -503,15 +503,35 @@ def _positive(text: str) -> int:
     return value
 
 
+def _index(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 or more")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.search", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK[0]} scenarios x {QUICK[1]} draws")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="most launches of a config (both)")
     parser.add_argument("--scenarios", type=_positive, help=f"scenarios to run (default {SCENARIOS})")
     parser.add_argument("--draws", type=_positive, help=f"noise draws per scenario (default {DRAWS})")
+    parser.add_argument(
+        "--only",
+        type=_index,
+        action="append",
+        metavar="I",
+        help="run scenario I alone (0-based, as numbered in the output; repeatable): the slow ones in isolation",
+    )
     args = parser.parse_args(argv)
     count, draws = QUICK if args.quick else (SCENARIOS, DRAWS)
     count, draws = args.scenarios or count, args.draws or draws
+    selected = (
+        [sc for i, sc in enumerate(scenarios(max(args.only) + 1)) if i in args.only]
+        if args.only
+        else scenarios(count)
+    )
+    count = len(selected)
     configs = space()
     started = time.monotonic()
     print(
@@ -524,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         "# of the true best at every level; coverage: 95% speedup intervals (answer / baseline) holding the truth"
     )
     fit_errors, grid_all, search_all, shares, shares_one = [], [], [], [], []
-    for sc in scenarios(count):
+    for sc in selected:
         fit_error = family_fit_error(sc.truth, configs, sc.levels)
         ev = evaluate(
             sc.truth,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
-from bench.search import Noise, TrueLevel, evaluate, grid_ties
+from bench.search import Noise, TrueLevel, evaluate, grid_ties, main
 from harness.search.model import Candidate
 from harness.search.strategy import Budget, Decision, SearchState, propose
 
@@ -56,3 +57,14 @@ def test_grid_ties_keeps_configs_whose_intervals_overlap_the_best_when_noise_is_
     means = {"c": (90.0, 2), "b": (97.0, 2), "a": (100.0, 2)}
     assert grid_ties(means, 0.02) == ("a", "b")
     assert grid_ties(means, 0.0) == ("a",)
+
+
+def test_main_runs_only_the_named_scenario_when_only_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--only 8 --draws 1`` runs scenario 8 of the default 20 and no other (iterating on the slow
+    scenarios without the 7-10 minute run); the totals count its one run."""
+    assert main(["--only", "8", "--draws", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" seed=")[0] for line in lines if line.startswith("scenario-")] == [
+        "scenario-8 (llama-3.3-70b-h100x8)"
+    ]
+    assert json.loads(lines[-1])["runs"] == 1

@@ -13,12 +13,13 @@ Rounds, in order:
 2. Contention: a config not yet launched stays in contention while its predicted interval reaches
    above the best measured throughput (times ``1 + tolerance``) at some level and that level is still
    open: the expected loss of stopping there (``_expected_gain``: what the best of its contenders may
-   beat the best measured by, under their predictions) exceeds ``tolerance`` of the best. Those are
-   launched, highest predicted gain first.
+   beat the best true mean of the level's tie set by, under their predictions and the launch noise)
+   exceeds ``GAIN_SHARE`` of ``tolerance`` of the best. Those are launched, highest predicted gain first.
 3. Repeats of the tie sets that matter: a level's tie set is its best measured config and every
    measured config whose shortfall from it is not resolved at 95% with launch noise; while answering
-   the best may cost more than ``tolerance`` (the expected shortfall summed over its tie set), its
-   tied configs are repeated, fewest launches first (up to the spec's ``repeats``).
+   the best may cost more than ``tolerance`` (the expected shortfall summed over its tie set), the
+   tied configs one more launch of which lowers that by ``REPEAT_SHARE`` of ``tolerance`` are
+   repeated, fewest launches first (up to the spec's ``repeats``).
 
 The search ends when nothing is in contention and nothing is in flight, or when the budget is spent;
 each level's answer is its tie set of measured configs (never a prediction), best first, and the
@@ -58,8 +59,12 @@ from harness.search.model import (
 )
 
 LOSS_DRAWS = 4000  # samples of a tie set's true means when its expected loss is estimated
-NOISE_PROBES = 4  # repeats that measure the launch noise before the prior is left to decide ties
+NOISE_PROBES = 3  # repeats that measure the launch noise before the prior is left to decide ties
 GAIN_SHARE = 0.1  # a level stays open while stopping may cost more than this share of the tolerance
+# a tied config is repeated only where its launch lowers the tie's expected loss by this share of the
+# tolerance: with a tenth, bench/search.py's noisiest flat optima bought 5-7 repeats a run that seldom
+# decided anything (two launches cannot separate 1% under 3-5% launch noise): up to 43% of the grid
+REPEAT_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +254,7 @@ def propose(state: SearchState, free: int, budget: Budget, tolerance: float) -> 
     noise = launch_noise(list(state.observations))
     preds = predictions(state, noise)
     ties = {name: tie_set(state, name, noise) for name, _ in state.levels}
-    beliefs, contention = _beliefs(state, preds, ties, tolerance)
+    beliefs, contention = _beliefs(state, preds, ties, tolerance, noise[0])
     touched = {cid for cid, _ in state.in_flight} | {o.config_id for o in state.observations} | state.failed
     allowed = free if (left := _budget_left(state, budget)) is None else min(free, left)
     idle = not state.in_flight
@@ -327,20 +332,25 @@ def answer_interval(state: SearchState, level: str, noise: tuple[float, int]) ->
     return measured_interval(_launches_at(state, level)[tie[0]], *noise, tied=len(tie))
 
 
-def _expected_gain(best: float, contenders: list[Prediction]) -> float:
-    """E[max(0, the largest true throughput of ``contenders`` - best)]: what stopping now may cost at a
-    level, each unlaunched contender log-normal around its prediction with the sd its interval's upper
-    half implies (independent: an upper bound for errors the model shares). Sampled with a fixed seed
-    (LOSS_DRAWS draws), so the same results give the same decision."""
+def _expected_gain(tie: list[list[float]], noise: float, contenders: list[Prediction]) -> float:
+    """E[max(0, the largest true throughput of ``contenders`` - the largest true mean of the tie set)]:
+    what stopping now may cost at a level. The answer is the tie set, so an unlaunched config costs only
+    what it may beat the best of the whole set by, not its first config (in a flat optimum of many
+    near-equal tied configs the first is one draw of several). Each unlaunched contender is log-normal
+    around its prediction with the sd its interval's upper half implies, each tied config's true mean
+    normal around its launches' mean with launch noise (``_mean_draws``; all independent: an upper bound
+    for errors the model shares). Sampled with a fixed seed (LOSS_DRAWS draws), so the same results give
+    the same decision."""
     if not contenders:
         return 0.0
     if any(math.isinf(p.high) for p in contenders):
         return math.inf
     rng = np.random.default_rng(0)
+    answer = _mean_draws(tie, noise, rng).max(axis=0)
     points = np.log([p.point for p in contenders])
     sds = np.array([math.log(p.high / p.point) / Z for p in contenders])
     draws = np.exp(rng.standard_normal((len(contenders), LOSS_DRAWS)) * sds[:, None] + points[:, None])
-    return float(np.mean(np.maximum(draws.max(axis=0) - best, 0.0)))
+    return float(np.mean(np.maximum(draws.max(axis=0) - answer, 0.0)))
 
 
 def _beliefs(
@@ -348,6 +358,7 @@ def _beliefs(
     preds: dict[tuple[str, str], Prediction],
     ties: dict[str, tuple[str, ...]],
     tolerance: float,
+    noise: float,
 ) -> tuple[tuple[LevelBelief, ...], list[str]]:
     """Per level, the best measured config, its tie set and the contenders (the tie set plus the
     unlaunched configs that may beat the best); plus the unlaunched contenders of any level, highest
@@ -363,8 +374,11 @@ def _beliefs(
         awaited = max((preds[(cid, name)].point for cid in flying), default=0.0)
         live = [preds[(c.config_id, name)] for c in state.candidates if c.config_id not in state.failed]
         unlaunched = [p for p in live if not p.measured]
+        values = _launches_at(state, name)
+        tied_runs = [values[cid] for cid in ties[name]]
         open_ = (
-            best is None or _expected_gain(best[1].point, unlaunched) > GAIN_SHARE * tolerance * best[1].point
+            best is None
+            or _expected_gain(tied_runs, noise, unlaunched) > GAIN_SHARE * tolerance * best[1].point
         )
         contenders = []
         for cand in state.candidates:
@@ -418,7 +432,7 @@ def _next_repeats(
         if (loss := _expected_loss(runs_of_tie, noise[0])) <= tolerance * mean:
             continue
         for i, cid in enumerate(tie):  # worth a launch: one more of it lowers the loss by enough
-            if loss - _expected_loss(runs_of_tie, noise[0], more=i) > GAIN_SHARE * tolerance * mean:
+            if loss - _expected_loss(runs_of_tie, noise[0], more=i) > REPEAT_SHARE * tolerance * mean:
                 wanted[cid] = max(wanted.get(cid, 0.0), losses.get(cid, max(losses.values())))
     eligible = [cid for cid in wanted if runs[cid] < state.repeats and cid not in flying]
     return [(cid, runs[cid]) for cid in sorted(eligible, key=lambda c: (runs[c], -wanted[c]))]
@@ -448,16 +462,23 @@ def _noise_probes(
 
 def _expected_loss(tie: list[list[float]], noise: float, more: int | None = None) -> float:
     """E[max(0, best true mean of the others - the first's true mean)]: what answering the first config of
-    a tie set may cost, each config's true mean normal around its launches' mean with launch noise; with
-    ``more``, as if config ``more`` of the tie had one launch more at the same mean (what its repeat is
-    worth). Sampled with a fixed seed (LOSS_DRAWS draws), so the same results give the same decision
-    and two losses compared draw by draw."""
-    rng = np.random.default_rng(0)
+    a tie set may cost (``_mean_draws``); with ``more``, as if config ``more`` of the tie had one launch
+    more at the same mean (what its repeat is worth). Sampled with a fixed seed (LOSS_DRAWS draws), so
+    the same results give the same decision and two losses compared draw by draw."""
+    draws = _mean_draws(tie, noise, np.random.default_rng(0), more)
+    return float(np.mean(np.maximum(draws[1:].max(axis=0) - draws[0], 0.0)))
+
+
+def _mean_draws(
+    tie: list[list[float]], noise: float, rng: np.random.Generator, more: int | None = None
+) -> np.ndarray:
+    """LOSS_DRAWS draws of each tied config's true mean (one row each): normal around its launches' mean
+    with launch noise over the root of its launches (one more for config ``more``)."""
     means = np.array([sum(v) / len(v) for v in tie])
     counts = [len(v) + (i == more) for i, v in enumerate(tie)]
     sds = np.array([noise * m / math.sqrt(n) for m, n in zip(means, counts, strict=True)])
-    draws = rng.standard_normal((len(tie), LOSS_DRAWS)) * sds[:, None] + means[:, None]
-    return float(np.mean(np.maximum(draws[1:].max(axis=0) - draws[0], 0.0)))
+    draws: np.ndarray = rng.standard_normal((len(tie), LOSS_DRAWS)) * sds[:, None] + means[:, None]
+    return draws
 
 
 def _shortfall(best: list[float], other: list[float], noise: float) -> float:

@@ -24,6 +24,8 @@ from harness.search.model import (
     Capacity,
     LevelResult,
     Observation,
+    Prediction,
+    Z,
     fit_steps,
     launch_noise,
     measured_interval,
@@ -31,7 +33,15 @@ from harness.search.model import (
     residual_inputs,
 )
 from harness.search.session import read_capacity
-from harness.search.strategy import Budget, Decision, SearchState, answer_interval, propose
+from harness.search.strategy import (
+    GAIN_SHARE,
+    Budget,
+    Decision,
+    SearchState,
+    _expected_gain,
+    answer_interval,
+    propose,
+)
 from harness.spec import parse_spec
 from tests.harness.search_worlds import accept_length_of, histogram_of
 from workers.node.records import AttemptFacts, job_record
@@ -225,13 +235,13 @@ def test_answer_interval_widens_for_the_pick_of_the_tie_set_when_the_level_is_un
 
 def test_propose_repeats_the_least_launched_tied_config_when_the_budget_binds() -> None:
     """The baseline ran five times (60, 61, 60, 61, 60) and c3 twice (100, 101): five repeats measured
-    the launch noise (sd 1.48%, more than the four noise probes). c3 and c2 (99) are tied, the baseline
+    the launch noise (sd 1.48%, more than the three noise probes). c3 and c2 (99) are tied, the baseline
     is not. Answering c3 may cost a fraction of a token/s against c2 (the expected shortfall): under a
-    tolerance of 1% of 100.5 that is settled; under 0.1% it is not. Then, with no budget, only c2 and c3
+    tolerance of 1% of 100.5 that is settled; under 0.01% it is not. Then, with no budget, only c2 and c3
     are repeated, fewest launches first; with max_launches 9 (8 spent) the one launch left goes to c2,
     the tied config with the fewest launches, not to the incumbent with the higher mean, and never to
     the baseline. Before c3's second launch, c2 and c3 are both repeated (one launch each)."""
-    tight = 0.001
+    tight = 0.0001
     first = [_launch("base", r, value) for r, value in enumerate((60, 61, 60, 61, 60))]
     first += [_launch("c2", 0, 99), _launch("c3", 0, 100)]
     assert set(propose(_small_state(first), 3, Budget(), tight).launches) == {("c3", 1), ("c2", 1)}
@@ -243,16 +253,37 @@ def test_propose_repeats_the_least_launched_tied_config_when_the_budget_binds() 
 
 
 def test_propose_repeats_only_the_tied_configs_worth_a_launch_when_the_tie_matters() -> None:
-    """The baseline ran five times (60, 65, 60, 65, 60): launch noise 3.23% (9 degrees of freedom). c3
-    ran once (100), c2 twice (99, 99): tied, and answering c3 may cost 1.16 tokens/s (the expected loss),
+    """The baseline ran five times (60, 72, 60, 72, 60): launch noise 6.89% (9 degrees of freedom). c3
+    ran once (100), c2 twice (99, 99): tied, and answering c3 may cost 2.97 tokens/s (the expected loss),
     over the 1% tolerance of 100, so the tie matters. One more launch of c3 (its mean from one launch)
-    lowers that loss by 0.29, over a tenth of the tolerance (0.1): repeated. A third launch of c2 lowers
-    it by 0.09: not worth a launch, so it is not repeated although the spec allows three."""
-    done = [_launch("base", r, value) for r, value in enumerate((60, 65, 60, 65, 60))]
+    lowers that loss by 0.63, over half the tolerance (0.5, REPEAT_SHARE): repeated. A third launch of c2
+    lowers it by 0.20: not worth a launch (a tenth of the tolerance would have bought it), so it is not
+    repeated although the spec allows three."""
+    done = [_launch("base", r, value) for r, value in enumerate((60, 72, 60, 72, 60))]
     done += [_launch("c2", 0, 99), _launch("c2", 1, 99), _launch("c3", 0, 100)]
     decision = propose(_small_state(done), 3, Budget(), TOLERANCE)
     assert decision.levels[0].tie == ("c3", "c2")
     assert (decision.launches, decision.reason) == ((("c3", 1),), "repeat of a tied config")
+
+
+def test_expected_gain_is_against_the_best_of_the_tie_set_when_the_level_is_undecided() -> None:
+    """What stopping may cost is what an unlaunched config may beat the answer by, and an undecided
+    level's answer is its whole tie set. One contender predicted at 98 (2% log sd), one config measured
+    at 100 without noise: E[max(0, X - 100)] = 0.17, over the bar of a tenth of the 1% tolerance (0.1):
+    the level stays open. The same 100 among five tied configs (100, 99.8, 99.6, 99.4, 99.2, one launch
+    each, 2% launch noise): the best of their true means is about 102, and the gain, 0.045, is under the
+    bar: the level closes (against the first config alone it would stay open, 0.41)."""
+    contender = Prediction(98.0, 98.0 * math.exp(-Z * 0.02), 98.0 * math.exp(Z * 0.02), False)
+    bar = GAIN_SHARE * TOLERANCE * 100.0
+    tie = [[100.0], [99.8], [99.6], [99.4], [99.2]]
+    alone, first, whole = (
+        _expected_gain(tie[:1], 0.0, [contender]),
+        _expected_gain(tie[:1], 0.02, [contender]),
+        _expected_gain(tie, 0.02, [contender]),
+    )
+    assert (alone, first, whole) == pytest.approx((0.171, 0.406, 0.045), abs=0.01)
+    assert alone > bar and first > bar and whole < bar
+    assert _expected_gain(tie, 0.02, []) == 0.0
 
 
 # --- what a launch reports about its batches ----------------------------------------------------------
