@@ -1,0 +1,123 @@
+"""The search's rules where the usual worlds do not reach them, each judged against a truth worked here.
+
+Found by re-measuring the search's mutation score after its rework (#32): the expected loss of stopping
+is checked against the log-normal's closed form and a numeric integral (not against another sample), the
+launch-noise probes under the smallest repeat budget that allows them, and a drafter that is never
+accepted, whose true best (the baseline) is known without any model.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from harness.search.model import Candidate, LevelResult, Observation, Prediction
+from harness.search.strategy import Budget, SearchState, _expected_gain, propose, seed_order
+from tests.harness.test_search_truths import LEVELS, TOLERANCE, grid, world_step_s
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _lognormal_cdf(x: float, median: float, sd: float) -> float:
+    return _normal_cdf((math.log(x) - math.log(median)) / sd)
+
+
+def _contender(point: float, sd: float) -> Prediction:
+    """An unlaunched config predicted at ``point`` whose interval's upper half is ``Z = 2`` log-sds."""
+    return Prediction(point, point * math.exp(-2.0 * sd), point * math.exp(2.0 * sd), False)
+
+
+def test_expected_gain_is_what_the_best_contender_may_beat_the_incumbent_by_when_contenders_are_lognormal() -> (
+    None
+):
+    """E[max(0, X - K)] for X log-normal (median 100, log-sd 0.1: high = 100 e^0.2) and K = 105, the
+    best measured, has a closed form: e^(mu + s^2/2) Phi(d1) - K Phi(d2), d1 = (ln(100/105) + 0.01) / 0.1
+    = -0.3879, d2 = -0.4879: 100.501 x 0.34904 - 105 x 0.31281 = 2.2344. With a second contender
+    (median 98, log-sd 0.15) the gain is that of the larger of the two, the integral from K up of
+    1 - F1(x) F2(x) (the two independent), 5.3555 by the midpoint rule. The search samples 4000 draws,
+    so within 5%. No contender: nothing to gain; one whose interval is unbounded: an unbounded gain."""
+    one = _expected_gain(105.0, [_contender(100.0, 0.1)])
+    assert one == pytest.approx(2.2344, rel=0.05)
+    steps, top = 20_000, 400.0
+    width = (top - 105.0) / steps
+    integral = sum(
+        (1.0 - _lognormal_cdf(x, 100.0, 0.1) * _lognormal_cdf(x, 98.0, 0.15)) * width
+        for x in (105.0 + (i + 0.5) * width for i in range(steps))
+    )
+    assert integral == pytest.approx(5.3555, abs=1e-3)
+    two = _expected_gain(105.0, [_contender(100.0, 0.1), _contender(98.0, 0.15)])
+    assert two == pytest.approx(integral, rel=0.05)
+    assert _expected_gain(105.0, []) == 0.0
+    assert _expected_gain(105.0, [_contender(100.0, 0.1), Prediction(90.0, 0.0, math.inf, False)]) == math.inf
+
+
+def _launch(cid: str, repeat: int, throughput: float) -> Observation:
+    return Observation(cid, repeat, 600.0, (LevelResult("L0", 8, throughput, None),))
+
+
+def _three_configs(done: list[Observation], repeats: int) -> SearchState:
+    """The baseline and chains of depth 2 and 3 (all seeds, so nothing is left to predict), one level."""
+    space = (
+        Candidate("base", "baseline", None, None, None),
+        Candidate("c2", "chain d=2", 1, 1, 2),
+        Candidate("c3", "chain d=3", 2, 1, 3),
+    )
+    return SearchState(space, (("L0", 8),), repeats, tuple(done), frozenset(), frozenset(), 600.0 * len(done))
+
+
+def test_propose_repeats_the_incumbent_to_measure_launch_noise_when_the_spec_allows_two_repeats() -> None:
+    """One launch each (baseline 60, c2 80, c3 100): c3 is clearly best under the prior noise, and no
+    repeat has measured the noise yet. A spec of ``repeats: 2`` allows one more launch of a config, so
+    the search spends it on the incumbent c3 (its second launch, repeat index 1) to measure the noise;
+    with ``repeats: 1`` there is nothing to repeat and the level is settled."""
+    done = [_launch("base", 0, 60.0), _launch("c2", 0, 80.0), _launch("c3", 0, 100.0)]
+    two = propose(_three_configs(done, repeats=2), 2, Budget(), TOLERANCE)
+    assert (two.launches, two.reason) == ((("c3", 1),), "repeat to measure launch noise")
+    one = propose(_three_configs(done, repeats=1), 2, Budget(), TOLERANCE)
+    assert (one.launches, one.reason, one.finished) == ((), "settled", True)
+
+
+def _never_accepted(cand: Candidate, batch: int, rng: random.Random) -> LevelResult:
+    """A level of a launch whose drafter is never accepted: every verify step yields the bonus token
+    alone (histogram: all steps accepted 0 drafts), so a step of ``cand`` makes one token a request,
+    at the step time of the test world's own formula (test_search_truths) plus the same per-token
+    prefill share, with 0.5% noise."""
+    seconds = world_step_s(cand, batch) + 0.00025 * batch
+    histogram = (20_000,) + (0,) * (cand.steps or 0) if cand.speculative else None
+    return LevelResult(
+        f"concurrency={batch}", batch, batch / seconds * (1.0 + rng.gauss(0.0, 0.005)), histogram
+    )
+
+
+def test_propose_settles_on_the_baseline_when_the_draft_is_never_accepted() -> None:
+    """With acceptance 0 every speculative config decodes one token per step, like the baseline, and
+    pays for drafting and verifying on top: brute force over the world's grid makes the baseline the
+    best at every level. After the seeds (the baseline, the deepest and shallowest chains, the largest
+    tree) the search knows acceptance is 0 at the first position, so every other config's accept length
+    is exactly 1 and its step no cheaper than those measured: it settles on the baseline at once,
+    instead of launching the other twelve configs. The contenders are the measured tie sets alone: at
+    one client the chain d=2 (72.3) is 9% behind the baseline (79.4), within the half-width of one launch
+    each under the prior noise, Bonferroni over three differences (t(4) at 1 - 0.025 / 3 = 3.96: 3.96 x
+    0.02 x sqrt(79.4**2 + 72.3**2) = 8.5); at 16 and 64 clients the baseline alone."""
+    rng = random.Random(3)
+    for _, batch in LEVELS:
+        best = max(grid(), key=lambda c: batch / (world_step_s(c, batch) + 0.00025 * batch))
+        assert best.config_id == "base"
+    seeds = seed_order(grid())
+    assert [c.config_id for c in seeds] == ["base", "c7", "c2", "t2-4-8"]
+    done = [
+        Observation(c.config_id, 0, 600.0, tuple(_never_accepted(c, batch, rng) for _, batch in LEVELS))
+        for c in seeds
+    ]
+    state = SearchState(grid(), LEVELS, 1, tuple(done), frozenset(), frozenset(), 600.0 * len(done))
+    decision = propose(state, 1, Budget(), TOLERANCE)
+    assert (decision.launches, decision.reason, decision.finished) == ((), "settled", True)
+    assert [(level.best_label, level.contenders) for level in decision.levels] == [
+        ("baseline", ("baseline", "chain d=2")),
+        ("baseline", ("baseline",)),
+        ("baseline", ("baseline",)),
+    ]
