@@ -14,7 +14,7 @@ import random
 import pytest
 
 from harness.search.model import Candidate, LevelResult, Observation, Prediction
-from harness.search.strategy import Budget, SearchState, _expected_gain, propose, seed_order
+from harness.search.strategy import Budget, SearchState, _expected_gain, predictions, propose, seed_order
 from tests.harness.test_search_truths import LEVELS, TOLERANCE, grid, world_step_s
 
 
@@ -121,3 +121,37 @@ def test_propose_settles_on_the_baseline_when_the_draft_is_never_accepted() -> N
         ("baseline", ("baseline",)),
         ("baseline", ("baseline",)),
     ]
+
+
+def test_predictions_fit_each_server_axis_setting_on_its_own_when_the_space_has_two() -> None:
+    """Two settings of a server axis (``a=1``, ``a=2``), each with a baseline and chains of depth 2, 3
+    and 4; everything but the depth-4 chains measured, ``a=2`` twice as fast. Every config of both
+    settings has a prediction at the level, the measured ones their launch's throughput; the ``a=1``
+    depth-4 chain's prediction is the same whether or not ``a=2`` was measured (the model has no term
+    for the axis, so nothing carries across); the answer is ``a=2``'s depth-3 chain, 200 against 160."""
+    space = tuple(
+        cand
+        for axis in ("a=1", "a=2")
+        for cand in (
+            Candidate(f"base{axis}", f"baseline {axis}", None, None, None, axis),
+            *(Candidate(f"c{d}{axis}", f"chain d={d} {axis}", d - 1, 1, d, axis) for d in (2, 3, 4)),
+        )
+    )
+    scale = {"a=1": 1.0, "a=2": 2.0}
+    measured = {"base": (60.0, None), "c2": (80.0, (2_000, 8_000)), "c3": (100.0, (2_000, 1_500, 6_500))}
+    done = [
+        Observation(f"{cid}{axis}", 0, 600.0, (LevelResult("L0", 8, value * scale[axis], histogram),))
+        for axis in scale
+        for cid, (value, histogram) in measured.items()
+    ]
+
+    def state(observations: list[Observation]) -> SearchState:
+        return SearchState(space, (("L0", 8),), 1, tuple(observations), frozenset(), frozenset(), 600.0)
+
+    both = predictions(state(done))
+    assert set(both) == {(cand.config_id, "L0") for cand in space}
+    assert [both[(f"c3{axis}", "L0")].point for axis in scale] == [100.0, 200.0]
+    alone = predictions(state([o for o in done if o.config_id.endswith("a=1")]))
+    assert alone[("c4a=1", "L0")] == both[("c4a=1", "L0")]
+    decision = propose(state(done), 1, Budget(), TOLERANCE)
+    assert decision.levels[0].best_label == "chain d=3 a=2"
