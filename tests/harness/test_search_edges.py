@@ -11,9 +11,18 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
-from harness.search.model import Candidate, LevelResult, Observation, Prediction
+from harness.search.model import (
+    Candidate,
+    LevelResult,
+    Observation,
+    Prediction,
+    fit_residual,
+    fit_steps,
+    residual_at,
+)
 from harness.search.strategy import Budget, SearchState, _expected_gain, predictions, propose, seed_order
 from tests.harness.test_search_truths import LEVELS, TOLERANCE, grid, world_step_s
 
@@ -155,3 +164,33 @@ def test_predictions_fit_each_server_axis_setting_on_its_own_when_the_space_has_
     assert alone[("c4a=1", "L0")] == both[("c4a=1", "L0")]
     decision = propose(state(done), 1, Budget(), TOLERANCE)
     assert decision.levels[0].best_label == "chain d=3 a=2"
+
+
+def test_residual_process_stays_unsure_of_an_unmeasured_config_when_the_structure_misses_without_pattern() -> (
+    None
+):
+    """Eight configs at batches 1 .. 128 (log2 0 .. 7), the structure off by +10% and -10% in turn
+    (log residuals of sd 0.1 that nothing in the inputs explains). A ninth config's miss may be as large
+    as theirs, so the residual process must not claim to know it within the launch noise: its sd there is
+    at least half the misses' (0.05), not the 0.01 floor it would keep if the white-noise term, bounded at
+    four times the launch noise's variance (4 x 0.02**2), were free to take the misses as noise."""
+    inputs = np.array([[batch, config] for config, batch in enumerate(range(8))], dtype=float)
+    misses = np.array([0.1 if i % 2 else -0.1 for i in range(8)])
+    gp = fit_residual(inputs, misses, 0.02, (1,))
+    mean, sd = residual_at(gp, np.array([[3.5, 20.0], [10.0, 21.0]]))
+    assert np.all(np.abs(mean) < 0.01)
+    assert np.all(sd >= 0.05)
+
+
+def test_fit_steps_corrects_by_its_residuals_when_four_configs_and_levels_are_measured() -> None:
+    """The residual process needs four (config, level) measurements, a config's repeats at a level
+    pooled into one: the baseline and chains of depth 2 and 3 at one level, the chain d=2 launched twice,
+    are three: none. The chain d=4 at the same level makes four: fitted."""
+    cands = {
+        "base": Candidate("base", "baseline", None, None, None),
+        **{f"c{d}": Candidate(f"c{d}", f"chain d={d}", d - 1, 1, d) for d in (2, 3, 4)},
+    }
+    three = [_launch("base", 0, 60.0), _launch("c2", 0, 80.0), _launch("c2", 1, 82.0), _launch("c3", 0, 90.0)]
+    assert fit_steps(cands, three, ("L0",), 0.02).residual is None
+    four = [*three, _launch("c4", 0, 95.0)]
+    assert fit_steps(cands, four, ("L0",), 0.02).residual is not None
