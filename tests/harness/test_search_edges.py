@@ -19,6 +19,7 @@ from harness.search.model import (
     LevelResult,
     Observation,
     Prediction,
+    StepFit,
     fit_residual,
     fit_steps,
     residual_at,
@@ -194,3 +195,17 @@ def test_fit_steps_corrects_by_its_residuals_when_four_configs_and_levels_are_me
     assert fit_steps(cands, three, ("L0",), 0.02).residual is None
     four = [*three, _launch("c4", 0, 95.0)]
     assert fit_steps(cands, four, ("L0",), 0.02).residual is not None
+
+
+def test_step_fit_predicts_the_relative_sd_of_a_step_when_costs_are_set_by_hand() -> None:
+    """The baseline with 8 clients and no reported capacity: regressors (1, D 0, P D k 0, P V 8, P 8,
+    eager 0, knee 0) and accept length 1 for the level's constant. Costs 10 ms, 1 ms per verified token,
+    0.5 ms per request and 2 ms of per-token prefill: y = 10 + 8 + 4 + 2 = 24 ms. Only the 10 ms is
+    uncertain, sd 1.2 ms: the prediction's relative sd is 1.2 / 24 = 0.05, what the interval's half-width
+    is made of (not 1.2 ms times 24 ms)."""
+    mean = np.array([0.010, 0.0, 0.0, 0.001, 0.0005, 0.0, 0.0, 0.002])
+    cov = np.zeros((8, 8))
+    cov[0, 0] = 0.0012**2
+    fit = StepFit(("L0",), mean, cov, None, None)
+    y, rel = fit.predict(Candidate("base", "baseline", None, None, None), "L0", 8, 1.0)
+    assert (y, rel) == (pytest.approx(0.024), pytest.approx(0.05))
