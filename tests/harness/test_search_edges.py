@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import math
 import random
+import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from harness.plan import unchecked_plan
+from harness.queue import QUEUE_FILE, JobQueue
+from harness.results import commit_jobs_row, output_for
 from harness.search.model import (
     Candidate,
+    Capacity,
     LevelResult,
     Observation,
     Prediction,
@@ -24,8 +30,12 @@ from harness.search.model import (
     fit_steps,
     residual_at,
 )
+from harness.search.session import SearchSession
 from harness.search.strategy import Budget, SearchState, _expected_gain, predictions, propose, seed_order
+from harness.spec import parse_spec
+from tests.harness.test_search_session import SPEC as SESSION_SPEC
 from tests.harness.test_search_truths import LEVELS, TOLERANCE, grid, world_step_s
+from workers.node.records import AttemptFacts, job_record
 
 
 def _normal_cdf(x: float) -> float:
@@ -209,3 +219,68 @@ def test_step_fit_predicts_the_relative_sd_of_a_step_when_costs_are_set_by_hand(
     fit = StepFit(("L0",), mean, cov, None, None)
     y, rel = fit.predict(Candidate("base", "baseline", None, None, None), "L0", 8, 1.0)
     assert (y, rel) == (pytest.approx(0.024), pytest.approx(0.05))
+
+
+def _finish_with_attempt_of(tmp_path: Path, queue: JobQueue, seconds: float) -> None:
+    """Lease and complete the next pending job, its attempt lasting ``seconds`` (set in the queue's rows)."""
+    lease = queue.lease(0, other_slots=False)
+    assert lease is not None and queue.complete(lease, node="n1", worker_s=1.0)
+    with sqlite3.connect(tmp_path / QUEUE_FILE) as con:
+        con.execute(
+            "UPDATE attempts SET started_ns = 0, finished_ns = ? WHERE job_id = ?",
+            (int(seconds * 1e9), lease.job_id),
+        )
+
+
+def test_session_stops_at_the_node_hour_budget_when_it_binds_before_the_launch_budget(tmp_path: Path) -> None:
+    """max_node_hours 0.25 is 900 node-seconds and max_launches 10: after the baseline's one 600 s
+    attempt, 300 s are left, under the 600 s the next launch is estimated to take, so nothing more is
+    queued and the budget is spent (the launch budget would allow nine more); with max_node_hours 1
+    (3000 s left: five launches) the next seed is queued."""
+    labels = []
+    for hours in (0.25, 1):
+        spec = parse_spec(
+            SESSION_SPEC | {"search": {"strategy": "model", "max_launches": 10, "max_node_hours": hours}}
+        )
+        queue = JobQueue(tmp_path / str(hours))
+        session = SearchSession(spec, unchecked_plan(spec), tmp_path / str(hours))
+        _, first = session.next_jobs(queue, 1)
+        _finish_with_attempt_of(tmp_path / str(hours), queue, 600.0)
+        decision, more = session.next_jobs(queue, 1)
+        queue.close()
+        labels.append(([job.config_label for job in (*first, *more)], decision.reason))
+    assert labels == [(["baseline"], "budget spent"), (["baseline", "chain d=4"], "seed")]
+
+
+def test_session_state_carries_what_each_launch_reported_when_its_jobs_row_is_committed(
+    tmp_path: Path,
+) -> None:
+    """The baseline and chain d=4 done; the chain's committed jobs row holds SGLang's resolved args
+    (decode graphs up to batch 16, at most 12 running requests), the baseline's none. The search's
+    state gives the chain's launch the captured sizes 1..8, 10, 12 (16's list, clamped to the cap of 12)
+    and the cap 12, and the baseline's launch no capacity (unknown: its own kind's report or none)."""
+    spec = parse_spec(SESSION_SPEC)
+    plan = unchecked_plan(spec)
+    queue = JobQueue(tmp_path)
+    session = SearchSession(spec, plan, tmp_path)
+    _, (baseline, chain) = session.next_jobs(queue, 2)
+    assert [baseline.config_label, chain.config_label] == ["baseline", "chain d=4"]
+    for _ in range(2):
+        _finish_with_attempt_of(tmp_path, queue, 600.0)
+    out = output_for(tmp_path)
+    info = {"cuda_graph_max_bs_decode": 16, "max_running_requests": 12, "speculative_algorithm": "EAGLE3"}
+    commit_jobs_row(
+        out,
+        job_record(
+            chain, attempt=1, error_class=None, error_message=None, facts=AttemptFacts(server_info=info)
+        ),
+    )
+    commit_jobs_row(
+        out, job_record(baseline, attempt=1, error_class=None, error_message=None, facts=AttemptFacts())
+    )
+    state = session.state(queue)
+    queue.close()
+    assert {o.config_id: o.capacity for o in state.observations} == {
+        chain.config_id: Capacity((1, 2, 3, 4, 5, 6, 7, 8, 10, 12), 12),
+        baseline.config_id: None,
+    }
