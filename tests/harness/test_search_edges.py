@@ -31,7 +31,16 @@ from harness.search.model import (
     residual_at,
 )
 from harness.search.session import SearchSession
-from harness.search.strategy import Budget, SearchState, _expected_gain, predictions, propose, seed_order
+from harness.search.strategy import (
+    Budget,
+    SearchState,
+    _expected_gain,
+    _expected_loss,
+    _shortfall,
+    predictions,
+    propose,
+    seed_order,
+)
 from harness.spec import parse_spec
 from tests.harness.test_search_session import SPEC as SESSION_SPEC
 from tests.harness.test_search_truths import LEVELS, TOLERANCE, grid, world_step_s
@@ -284,3 +293,28 @@ def test_session_state_carries_what_each_launch_reported_when_its_jobs_row_is_co
         chain.config_id: Capacity((1, 2, 3, 4, 5, 6, 7, 8, 10, 12), 12),
         baseline.config_id: None,
     }
+
+
+def _positive_part_of_normal(mean: float, sd: float, steps: int = 20_000) -> float:
+    """E[max(0, D)] for D ~ N(mean, sd), by the midpoint rule over [0, mean + 12 sd]."""
+    width = (mean + 12.0 * sd) / steps
+    return sum(
+        x * math.exp(-0.5 * ((x - mean) / sd) ** 2) / (sd * math.sqrt(2.0 * math.pi)) * width
+        for x in ((i + 0.5) * width for i in range(steps))
+    )
+
+
+def test_tie_losses_are_what_answering_the_best_may_cost_when_two_configs_are_tied() -> None:
+    """c3 measured 100 and c2 98, one launch each, launch noise 2%: each true mean normal around its
+    launch with sd 2 and 1.96, so c2's lead over c3, D, is N(-2, sqrt(2**2 + 1.96**2) = 2.8003), and
+    answering c3 may cost E[max(0, D)] = 0.39056 (numeric integral). With c2's mean from two launches its
+    sd is 1.96 / sqrt(2): D's sd 2.4333, 0.28136. ``_shortfall`` is exact; ``_expected_loss`` samples
+    4000 draws, so within 5%."""
+    one = _positive_part_of_normal(-2.0, math.sqrt(2.0**2 + 1.96**2))
+    assert one == pytest.approx(0.39056, abs=1e-4)
+    two = _positive_part_of_normal(-2.0, math.sqrt(2.0**2 + 1.96**2 / 2))
+    assert two == pytest.approx(0.28136, abs=1e-4)
+    assert _shortfall([100.0], [98.0], 0.02) == pytest.approx(one, rel=1e-4)
+    assert _shortfall([100.0], [98.0, 98.0], 0.02) == pytest.approx(two, rel=1e-4)
+    assert _expected_loss([[100.0], [98.0]], 0.02) == pytest.approx(one, rel=0.05)
+    assert _expected_loss([[100.0], [98.0]], 0.02, more=1) == pytest.approx(two, rel=0.05)
