@@ -28,6 +28,7 @@ from harness.search.model import (
     StepFit,
     fit_residual,
     fit_steps,
+    launch_noise,
     residual_at,
 )
 from harness.search.session import SearchSession
@@ -318,3 +319,41 @@ def test_tie_losses_are_what_answering_the_best_may_cost_when_two_configs_are_ti
     assert _shortfall([100.0], [98.0, 98.0], 0.02) == pytest.approx(two, rel=1e-4)
     assert _expected_loss([[100.0], [98.0]], 0.02) == pytest.approx(one, rel=0.05)
     assert _expected_loss([[100.0], [98.0]], 0.02, more=1) == pytest.approx(two, rel=0.05)
+
+
+def test_predictions_extrapolate_the_last_measured_acceptance_when_the_deepest_chain_is_still_running() -> (
+    None
+):
+    """The baseline (60) and the depth-1 chain (80; 20000 verify steps, half accepted their draft: q1 =
+    0.5) measured at one level of 8 clients, the depth-3 chain still running. The depth-2 chain's second
+    position was never measured: acceptance does not rise with depth, so its point takes q1 again, accept
+    length 1 + 0.5 + 0.5 x 0.5 = 1.75 (not 1 + 0.5 + 0.5 = 2, which assumes every draft past the measured
+    depth accepted). Its throughput point is that accept length times the 8 running requests over the step
+    fit's time for it: 1.75 x 8 / y(1.75)."""
+    space = (
+        Candidate("base", "baseline", None, None, None),
+        *(Candidate(f"c{d}", f"chain d={d}", d - 1, 1, d) for d in (2, 3, 4)),
+    )
+    done = [
+        Observation("base", 0, 600.0, (LevelResult("L0", 8, 60.0, None),)),
+        Observation("c2", 0, 600.0, (LevelResult("L0", 8, 80.0, (10_000, 10_000)),)),
+    ]
+    state = SearchState(space, (("L0", 8),), 1, tuple(done), frozenset({("c4", 0)}), frozenset(), 1200.0)
+    noise = launch_noise(done)
+    fit = fit_steps({c.config_id: c for c in space}, done, ("L0",), noise[0])
+    y, _ = fit.predict(space[2], "L0", 8, 1.75)
+    assert predictions(state)[("c3", "L0")].point == pytest.approx(1.75 * 8 / y)
+
+
+def test_seed_order_seeds_the_largest_tree_when_a_chain_has_more_draft_tokens_than_any_tree() -> None:
+    """Chains of depth 1..6 (up to 7 draft tokens) and trees of 6 draft tokens only: the seeds are the
+    baseline, the deepest chain (d=7), the shallowest (d=2) and the largest tree, the one of 6 tokens with
+    the widest topk (steps 3, topk 4); the chain d=7, larger than every tree, is no tree seed."""
+    space = (
+        Candidate("base", "baseline", None, None, None),
+        *(Candidate(f"c{d}", f"chain d={d}", d - 1, 1, d) for d in range(2, 8)),
+        Candidate("t4-2-6", "tree s=4 k=2 n=6", 4, 2, 6),
+        Candidate("t3-4-6", "tree s=3 k=4 n=6", 3, 4, 6),
+        Candidate("t3-2-6", "tree s=3 k=2 n=6", 3, 2, 6),
+    )
+    assert [c.config_id for c in seed_order(space)] == ["base", "c7", "c2", "t3-4-6"]
