@@ -30,6 +30,7 @@ from harness.search.model import (
     fit_steps,
     launch_noise,
     residual_at,
+    residual_inputs,
 )
 from harness.search.session import SearchSession
 from harness.search.strategy import (
@@ -357,3 +358,18 @@ def test_seed_order_seeds_the_largest_tree_when_a_chain_has_more_draft_tokens_th
         Candidate("t3-2-6", "tree s=3 k=2 n=6", 3, 2, 6),
     )
     assert [c.config_id for c in seed_order(space)] == ["base", "c7", "c2", "t3-4-6"]
+
+
+def test_residual_inputs_place_a_config_by_its_batch_and_verified_tokens_when_worked_by_hand() -> None:
+    """Where the residual process puts a (config, level): log2 of the batch, log2 of the tokens a step
+    verifies, then depth, topk, draft tokens. 8 clients, no reported capacity: the baseline verifies
+    one token a request, (3, 3, 0, 0, 0) (no drafts: zeros, not ones); the chain d=3 verifies 3 a
+    request, 24 in all: (3, log2 24 = 4.585, 2, 1, 3). Capped at 4 running requests and padded to the
+    captured 4: (2, log2 12 = 3.585, 2, 1, 3)."""
+    base = Candidate("base", "baseline", None, None, None)
+    chain = Candidate("c3", "chain d=3", 2, 1, 3)
+    unknown = Capacity((), None)
+    assert residual_inputs(base, unknown, 8).tolist() == [3.0, 3.0, 0.0, 0.0, 0.0]
+    assert residual_inputs(chain, unknown, 8).tolist() == pytest.approx([3.0, 4.5849625, 2.0, 1.0, 3.0])
+    capped = Capacity((1, 2, 4), 4)
+    assert residual_inputs(chain, capped, 8).tolist() == pytest.approx([2.0, 3.5849625, 2.0, 1.0, 3.0])
