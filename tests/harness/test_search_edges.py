@@ -391,3 +391,79 @@ def test_step_fit_adds_the_residual_spread_in_quadrature_when_the_structure_miss
     assert spread > 0.05
     y, rel = StepFit(("L0",), mean, cov, None, gp).predict(base, "L0", 8, 1.0)
     assert (y, rel) == (pytest.approx(0.024 * math.exp(shift)), pytest.approx(math.sqrt(0.05**2 + spread**2)))
+
+
+def _least_squares_oracle(
+    cands: dict[str, Candidate], done: list[Observation], noise: float
+) -> tuple[float | None, np.ndarray, np.ndarray]:
+    """The step fit written again from its documentation, shared with no code of the model: rows
+    (1, D, P D k, P V, P, eager 0, max(0, P V - knee), accept) for y = accept P / T (accept 1: no
+    histograms), weights 1 / (noise y)^2, a N(0, (100 median y)^2) prior on every cost solved as an
+    augmented least-squares problem (prior rows appended, numpy's lstsq, not normal equations); each knee
+    of 64 .. 4096 kept when it lowers the weighted squared residuals by more than 6 from the fit kept
+    before it; the covariance scaled by SSE / dof (at least 1 under 5 dof, else at least 0.25)."""
+    rows: list[tuple[list[float], float]] = []
+    ys = []
+    for o in done:
+        c = cands[o.config_id]
+        for r in o.levels:
+            p = float(r.concurrency)
+            if c.steps is None or c.topk is None or c.draft_tokens is None:
+                rows.append(([1.0, 0.0, 0.0, p, p], p))
+            else:
+                rows.append(
+                    (
+                        [1.0, c.steps + 1.0, p * (c.steps + 1) * c.topk, p * c.draft_tokens, p],
+                        p * c.draft_tokens,
+                    )
+                )
+            ys.append(p / r.throughput)
+    y = np.array(ys)
+    w = 1.0 / (noise * y) ** 2
+    prior = 100.0 * float(np.median(y))
+
+    def solve(knee: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        x = np.array([[*f, 0.0, max(0.0, t - knee) if knee else 0.0, 1.0] for f, t in rows])
+        a = np.vstack([x * np.sqrt(w)[:, None], np.eye(x.shape[1]) / prior])
+        beta = np.linalg.lstsq(a, np.concatenate([y * np.sqrt(w), np.zeros(x.shape[1])]), rcond=None)[0]
+        return x, beta, np.linalg.inv(a.T @ a), float(np.sum(w * (y - x @ beta) ** 2))
+
+    kept: float | None = None
+    x, beta, cov, sse = solve(None)
+    for knee in (64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0):
+        xk, bk, ck, sk = solve(knee)
+        if xk[:, 6].any() and sk < sse - 6.0:
+            kept, x, beta, cov, sse = knee, xk, bk, ck, sk
+    dof = len(y) - int(np.linalg.matrix_rank(x))
+    return kept, beta, cov * max(1.0 if dof < 5 else 0.25, sse / dof)
+
+
+def test_fit_steps_matches_a_separately_written_least_squares_when_a_compute_knee_is_kept() -> None:
+    """The baseline and chains d=2..8 at 64 clients, three launches each, from a world whose step costs
+    10 ms + 1 ms a forward pass + 0.02 ms a verified token + 0.08 ms a verified token past 256 (a
+    roofline knee), each launch 4% off in turn: the fit keeps the 256 knee, and its costs and their
+    covariance (scaled by the residuals: weighted SSE 94.1 over 20 dof) are the oracle's."""
+    cands = {"base": Candidate("base", "baseline", None, None, None)}
+    cands |= {f"c{d}": Candidate(f"c{d}", f"chain d={d}", d - 1, 1, d) for d in range(2, 9)}
+
+    def step_s(c: Candidate) -> float:
+        tokens = 64 * (c.draft_tokens or 1)
+        return (
+            0.01 + 0.001 * (c.steps + 1 if c.steps else 0) + 0.00002 * tokens + 0.00008 * max(0, tokens - 256)
+        )
+
+    done = [
+        Observation(
+            c.config_id,
+            r,
+            600.0,
+            (LevelResult("L0", 64, 64 / step_s(c) * (1 + 0.04 * (-1) ** (r + i)), None),),
+        )
+        for r in range(3)
+        for i, c in enumerate(cands.values())
+    ]
+    knee, mean, cov = _least_squares_oracle(cands, done, 0.02)
+    fit = fit_steps(cands, done, ("L0",), 0.02)
+    assert fit.knee == knee == 256.0
+    assert np.abs(fit.mean - mean).max() < 1e-3 * np.abs(mean).max()
+    assert np.abs(fit.cov - cov).max() < 1e-6 * np.abs(cov).max()
