@@ -65,13 +65,13 @@ def _contender(point: float, sd: float) -> Prediction:
 def test_expected_gain_is_what_the_best_contender_may_beat_the_incumbent_by_when_contenders_are_lognormal() -> (
     None
 ):
-    """E[max(0, X - K)] for X log-normal (median 100, log-sd 0.1: high = 100 e^0.2) and K = 105, the
-    best measured, has a closed form: e^(mu + s^2/2) Phi(d1) - K Phi(d2), d1 = (ln(100/105) + 0.01) / 0.1
+    """E[max(0, X - K)] for X log-normal (median 100, log-sd 0.1: high = 100 e^0.2) and K = 105, a tie set
+    of one config measured once with no launch noise (its true mean is K itself), has a closed form: e^(mu + s^2/2) Phi(d1) - K Phi(d2), d1 = (ln(100/105) + 0.01) / 0.1
     = -0.3879, d2 = -0.4879: 100.501 x 0.34904 - 105 x 0.31281 = 2.2344. With a second contender
     (median 98, log-sd 0.15) the gain is that of the larger of the two, the integral from K up of
     1 - F1(x) F2(x) (the two independent), 5.3555 by the midpoint rule. The search samples 4000 draws,
     so within 5%. No contender: nothing to gain; one whose interval is unbounded: an unbounded gain."""
-    one = _expected_gain(105.0, [_contender(100.0, 0.1)])
+    one = _expected_gain([[105.0]], 0.0, [_contender(100.0, 0.1)])
     assert one == pytest.approx(2.2344, rel=0.05)
     steps, top = 20_000, 400.0
     width = (top - 105.0) / steps
@@ -80,10 +80,10 @@ def test_expected_gain_is_what_the_best_contender_may_beat_the_incumbent_by_when
         for x in (105.0 + (i + 0.5) * width for i in range(steps))
     )
     assert integral == pytest.approx(5.3555, abs=1e-3)
-    two = _expected_gain(105.0, [_contender(100.0, 0.1), _contender(98.0, 0.15)])
+    two = _expected_gain([[105.0]], 0.0, [_contender(100.0, 0.1), _contender(98.0, 0.15)])
     assert two == pytest.approx(integral, rel=0.05)
-    assert _expected_gain(105.0, []) == 0.0
-    assert _expected_gain(105.0, [_contender(100.0, 0.1), Prediction(90.0, 0.0, math.inf, False)]) == math.inf
+    assert _expected_gain([[105.0]], 0.0, []) == 0.0
+    assert _expected_gain([[105.0]], 0.0, [_contender(100.0, 0.1), Prediction(90.0, 0.0, math.inf, False)]) == math.inf
 
 
 def _launch(cid: str, repeat: int, throughput: float) -> Observation:
