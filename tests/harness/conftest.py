@@ -35,7 +35,9 @@ def simulated_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     with pytest.MonkeyPatch.context() as env:
         for name, folder in NODE_DIR_VARS.items():
             env.setenv(name, str(root / folder))
-        nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+        # no dashboard: no test of these modules talks to it, and it cost 3.6 s of each start (13.3 s -> 9.7 s)
+        head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False}
+        nodes = Cluster(initialize_head=True, head_node_args=head)
         nodes.workers = [nodes.add_node(num_cpus=2, num_gpus=8) for _ in range(2)]
     yield nodes, root
     nodes.shutdown()  # type: ignore[no-untyped-call]
