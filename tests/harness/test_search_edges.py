@@ -18,7 +18,7 @@ import pytest
 
 from harness.plan import unchecked_plan
 from harness.queue import QUEUE_FILE, JobQueue
-from harness.results import commit_jobs_row, output_for
+from harness.results import output_for
 from harness.search.model import (
     Candidate,
     Capacity,
@@ -44,9 +44,9 @@ from harness.search.strategy import (
     seed_order,
 )
 from harness.spec import parse_spec
+from tests.harness.test_search_noise import commit_reported_and_silent
 from tests.harness.test_search_session import SPEC as SESSION_SPEC
 from tests.harness.test_search_truths import LEVELS, TOLERANCE, grid, world_step_s
-from workers.node.records import AttemptFacts, job_record
 
 
 def _normal_cdf(x: float) -> float:
@@ -83,7 +83,10 @@ def test_expected_gain_is_what_the_best_contender_may_beat_the_incumbent_by_when
     two = _expected_gain([[105.0]], 0.0, [_contender(100.0, 0.1), _contender(98.0, 0.15)])
     assert two == pytest.approx(integral, rel=0.05)
     assert _expected_gain([[105.0]], 0.0, []) == 0.0
-    assert _expected_gain([[105.0]], 0.0, [_contender(100.0, 0.1), Prediction(90.0, 0.0, math.inf, False)]) == math.inf
+    assert (
+        _expected_gain([[105.0]], 0.0, [_contender(100.0, 0.1), Prediction(90.0, 0.0, math.inf, False)])
+        == math.inf
+    )
 
 
 def _launch(cid: str, repeat: int, throughput: float) -> Observation:
@@ -279,16 +282,7 @@ def test_session_state_carries_what_each_launch_reported_when_its_jobs_row_is_co
     for _ in range(2):
         _finish_with_attempt_of(tmp_path, queue, 600.0)
     out = output_for(tmp_path)
-    info = {"cuda_graph_max_bs_decode": 16, "max_running_requests": 12, "speculative_algorithm": "EAGLE3"}
-    commit_jobs_row(
-        out,
-        job_record(
-            chain, attempt=1, error_class=None, error_message=None, facts=AttemptFacts(server_info=info)
-        ),
-    )
-    commit_jobs_row(
-        out, job_record(baseline, attempt=1, error_class=None, error_message=None, facts=AttemptFacts())
-    )
+    commit_reported_and_silent(out, chain, baseline)
     state = session.state(queue)
     queue.close()
     assert {o.config_id: o.capacity for o in state.observations} == {

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from harness.plan import unchecked_plan
-from harness.results import commit_jobs_row, output_for
+from harness.results import Output, commit_jobs_row, output_for
 from harness.search.model import (
     Candidate,
     Capacity,
@@ -44,6 +44,7 @@ from harness.search.strategy import (
 )
 from harness.spec import parse_spec
 from tests.harness.search_worlds import accept_length_of, histogram_of
+from workers.job import JobSpec
 from workers.node.records import AttemptFacts, job_record
 from workers.sglang.capacity import reported_capacity
 
@@ -345,6 +346,23 @@ def test_search_answers_with_a_tie_set_holding_the_true_best_when_launches_are_n
     assert held >= 16 and max(launches) < 0.6 * 3 * len(grid()), (held, launches)
 
 
+REPORTED_INFO = {
+    "cuda_graph_max_bs_decode": 16,
+    "max_running_requests": 12,
+    "speculative_algorithm": "EAGLE3",
+}
+
+
+def commit_reported_and_silent(out: Output, reporting: JobSpec, silent: JobSpec) -> None:
+    """Commit two jobs rows as the driver does: ``reporting``'s attempt with SGLang's resolved args in its
+    /server_info (graphs captured up to 16, a cap of 12), ``silent``'s without /server_info."""
+    facts = AttemptFacts(server_info=REPORTED_INFO)
+    commit_jobs_row(out, job_record(reporting, attempt=1, error_class=None, error_message=None, facts=facts))
+    commit_jobs_row(
+        out, job_record(silent, attempt=1, error_class=None, error_message=None, facts=AttemptFacts())
+    )
+
+
 def test_session_reads_what_a_launch_reported_when_its_jobs_row_is_committed(tmp_path: Path) -> None:
     """A job's committed jobs row (built by the worker's own job_record, written by the driver's own
     commit) with SGLang's resolved args in its /server_info: the session reads captured sizes 1..8,
@@ -360,17 +378,8 @@ def test_session_reads_what_a_launch_reported_when_its_jobs_row_is_committed(tmp
     )
     plan = unchecked_plan(spec)
     job, other = plan.jobs[1], plan.jobs[2]
-    info = {"cuda_graph_max_bs_decode": 16, "max_running_requests": 12, "speculative_algorithm": "EAGLE3"}
     out = output_for(tmp_path)
-    commit_jobs_row(
-        out,
-        job_record(
-            job, attempt=1, error_class=None, error_message=None, facts=AttemptFacts(server_info=info)
-        ),
-    )
-    commit_jobs_row(
-        out, job_record(other, attempt=1, error_class=None, error_message=None, facts=AttemptFacts())
-    )
+    commit_reported_and_silent(out, job, other)
     assert read_capacity(out.store, plan.sweep_id, job.job_id) == Capacity(
         (1, 2, 3, 4, 5, 6, 7, 8, 10, 12), 12
     )
