@@ -196,7 +196,7 @@ def test_rate_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searche
 ) -> None:
     """Open loop: at most 8 rate probes per launch find the rate at which p90 TPOT meets the SLO within
     5% of the model's. Arrivals are gamma with shape 20 (gaps within about 22% of their mean): with
-    Poisson arrivals the p90 TPOT of one 200-request level varies 9-16% from level to level in the model
+    Poisson arrivals the p90 TPOT of one 200-request level varies 8-11% from level to level in the model
     itself, which no single-launch search can resolve to 5% (docs/results.md, noisy verdicts)."""
     # a 32x bracket, as wide as [2, 64] for a geometric bisection, whose first probe (at 22.6 req/s) takes
     # 200 requests half the time one at 11.3 req/s would
