@@ -30,7 +30,6 @@ from tests.harness.test_driver import (  # the module's cluster, models and driv
     make_spec,
     models,
     queue_state,
-    run,
 )
 from tests.object_store import S3Server
 
@@ -142,10 +141,17 @@ def test_driver_writes_a_bucket_exactly_once_when_killed_and_resumed(
     assert main(["sql", uri, "SELECT count(DISTINCT job_id) AS jobs FROM results"]) == 0
     assert f"{JOBS}" in capsys.readouterr().out.splitlines()[2]
 
+    # `best` reads the bucket as it reads the same files on a disk: every level's ranking, numbers
+    # included (an independent local sweep's winner, compared before, differed from the bucket's on a
+    # busy box by the launches' own noise, which says nothing of how the bucket is read)
     local = tmp_path / "local"
-    summary, run_log = run(sweep_spec(models, str(local)))
-    assert summary.counts["done"] == JOBS, run_log
+    for key in store.list_files(""):
+        data = store.read_bytes(key)
+        assert data is not None, key
+        (local / key).parent.mkdir(parents=True, exist_ok=True)
+        (local / key).write_bytes(data)
     from_bucket, from_disk = ranking(capsys, uri), ranking(capsys, str(local))
-    assert len(from_bucket) == LEVELS
-    for level, ranked in from_bucket.items():
-        assert ranked[0][0] == from_disk[level][0][0], (level, ranked, from_disk[level])
+    assert len(from_bucket) == LEVELS and all(
+        len(ranked) == 2 for ranked in from_bucket.values()
+    )  # the configs
+    assert from_bucket == from_disk
