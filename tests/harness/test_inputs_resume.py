@@ -247,6 +247,11 @@ def test_confirmation_is_measured_again_under_a_new_id_when_inputs_change_after_
     inputs) instead of taking the one measured on the earlier prompts, and `best` reports the new one."""
     data = {**_spec_data(tmp_path), "repeats": 1, "confirm_adaptive": True}
     data["load"] = {**data["load"], "concurrency": [1, 4]}
+    # a confirmation is queued only where a chain wins a level, so its lead must be the simulated steps':
+    # at 0.05 of real time they are a twentieth as long as at 1, and on a busy box the HTTP path's CPU
+    # decided the level (in a suite run at a load average of 5-7 the baseline won both: no confirmation);
+    # at 0.5 the module's four short levels still take seconds
+    data["env"] = {"SPECSWEEP_SIM_TIME_SCALE": "0.5"}
     spec_file = tmp_path / "sweep.yaml"
     spec_file.write_text(yaml.safe_dump(data))
     out = Path(data["output_dir"])
