@@ -115,6 +115,27 @@ def test_propose_repeats_the_incumbent_to_measure_launch_noise_when_the_spec_all
     assert (one.launches, one.reason, one.finished) == ((), "settled", True)
 
 
+def test_propose_probes_the_incumbent_of_the_largest_tie_set_first_when_levels_tie_differently() -> None:
+    """Two levels, one launch each. At 8 clients c3 100, c2 60, baseline 40: a tie of c3 alone (each gap
+    over its 95% half-width under the prior noise, 2% with 4 dof, Bonferroni over 2 differences: t =
+    3.495, half 3.495 x 0.02 x sqrt(100**2 + 60**2) = 8.2 < 40). At 64 clients baseline 100, c2 98, c3
+    50: a tie of the baseline and c2 (half 3.495 x 0.02 x sqrt(100**2 + 98**2) = 9.8 > 2; c3's 7.8 < 50).
+    Nothing is left to launch, no repeat has measured the noise, ``repeats: 2``: both incumbents are
+    noise probes, the largest tie set's first (its incumbent's lead is the most in doubt), so one free
+    slot goes to the baseline, not to c3, whose level comes first and whose id sorts last."""
+    space = _three_configs([], repeats=2).candidates
+    levels = {"base": (40.0, 100.0), "c2": (60.0, 98.0), "c3": (100.0, 50.0)}
+    done = [
+        Observation(cid, 0, 600.0, (LevelResult("L0", 8, low, None), LevelResult("L1", 64, high, None)))
+        for cid, (low, high) in levels.items()
+    ]
+    state = SearchState(space, (("L0", 8), ("L1", 64)), 2, tuple(done), frozenset(), frozenset(), 1800.0)
+    assert [level.tie for level in propose(state, 1, Budget(), TOLERANCE).levels] == [("c3",), ("base", "c2")]
+    for free, launches in ((1, (("base", 1),)), (2, (("base", 1), ("c3", 1)))):
+        decision = propose(state, free, Budget(), TOLERANCE)
+        assert (decision.launches, decision.reason) == (launches, "repeat to measure launch noise")
+
+
 def _never_accepted(cand: Candidate, batch: int, rng: random.Random) -> LevelResult:
     """A level of a launch whose drafter is never accepted: every verify step yields the bonus token
     alone (histogram: all steps accepted 0 drafts), so a step of ``cand`` makes one token a request,
@@ -352,6 +373,23 @@ def test_seed_order_seeds_the_largest_tree_when_a_chain_has_more_draft_tokens_th
         Candidate("t3-2-6", "tree s=3 k=2 n=6", 3, 2, 6),
     )
     assert [c.config_id for c in seed_order(space)] == ["base", "c7", "c2", "t3-4-6"]
+
+
+def test_seed_order_seeds_true_chains_when_a_tree_too_small_to_branch_has_the_same_depth() -> None:
+    """Depths 1 and 2 each come as a true chain (topk 1: c2, c3) and as a topk-4 tree with one draft token
+    a depth (k2, k3: too few tokens to branch, so chain-like by position); a 6-token tree (depth 3) is
+    the only real tree. The chain seeds are the true chains, whatever the space's order: the deepest c3
+    (not k3) and the shallowest c2 (not k2), then the tree."""
+    space = (
+        Candidate("base", "baseline", None, None, None),
+        Candidate("k2", "tree s=1 k=4 n=2", 1, 4, 2),
+        Candidate("c2", "chain d=2", 1, 1, 2),
+        Candidate("k3", "tree s=2 k=4 n=3", 2, 4, 3),
+        Candidate("c3", "chain d=3", 2, 1, 3),
+        Candidate("t3-2-6", "tree s=3 k=2 n=6", 3, 2, 6),
+    )
+    assert [c.is_chain for c in space[1:]] == [True, True, True, True, False]
+    assert [c.config_id for c in seed_order(space)] == ["base", "c3", "c2", "t3-2-6"]
 
 
 def test_residual_inputs_place_a_config_by_its_batch_and_verified_tokens_when_worked_by_hand() -> None:
