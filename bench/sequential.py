@@ -6,7 +6,7 @@ waits for): every level in full, and with ``load.precision: 0.05`` (a closed-loo
 throughput's 95% interval is narrower than 5%). Reports the summed level time of both runs, the cut,
 how many levels stopped for precision, and whether ``best`` picks the same winner at every level.
 Goal (issue #16): level time cut >= 30% with the same winners. Run: ``.venv/bin/python -m bench.sequential``
-(about 12 minutes on 2 cores).
+(about 7 minutes on 2 cores on the default preset).
 """
 
 from __future__ import annotations
