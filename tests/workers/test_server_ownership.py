@@ -30,7 +30,7 @@ from workers.node.launcher import (
     start_server,
     wait_healthy,
 )
-from workers.node.ports import reserve_port, try_reserve
+from workers.node.ports import Listener, reserve_port, shares_address, try_reserve
 from workers.node.preflight import pick_free_port
 from workers.sglang import SGLangResolver, api
 
@@ -142,6 +142,52 @@ def test_check_owner_names_the_process_when_an_unrelated_process_holds_the_port(
     assert (
         f"pid {intruder}" in caught.value.message and f"outside group {server.pgid}" in caught.value.message
     )
+
+
+def test_wait_healthy_passes_when_another_process_listens_on_the_port_number_at_another_address(
+    target: str, tmp_path: Path
+) -> None:
+    """A socket of an unrelated process on the same port number but another address (127.0.0.2, as a Ray
+    process on the node's IP) cannot receive a connection to our server's 127.0.0.1: the launch is ours
+    and healthy, not port_taken (the check once failed a suite run on a Ray worker's port this way)."""
+    port = pick_free_port("127.0.0.1")
+    other = _popen_group(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.2", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    server = start_server(sim(target), port, tmp_path / "server.log")
+    try:
+        deadline = time.monotonic() + 30
+        while http_get(f"http://127.0.0.2:{port}/", timeout_s=1.0)[0] == 0:
+            assert time.monotonic() < deadline, "the other address's server never answered"
+            time.sleep(0.05)
+        assert wait_healthy(server, timeout_s=60) > 0
+    finally:
+        server.stop(grace_s=5)
+        _kill_group(other)
+
+
+@pytest.mark.parametrize(
+    ("address", "host", "shared"),
+    [
+        ("127.0.0.1", "127.0.0.1", True),
+        ("127.0.0.2", "127.0.0.1", False),
+        ("192.0.2.2", "127.0.0.1", False),
+        ("0.0.0.0", "127.0.0.1", True),  # every address: a client of 127.0.0.1 may reach it
+        ("::", "127.0.0.1", True),
+        ("::ffff:127.0.0.1", "127.0.0.1", True),  # IPv4 through an IPv6 socket
+        ("192.0.2.2", "0.0.0.0", True),  # our server on every address meets every listener
+        ("127.0.0.1", "localhost", True),
+        ("127.0.0.2", "localhost", False),
+        ("192.0.2.2", "no-such-host.invalid", True),  # cannot tell: strict
+    ],
+)
+def test_shares_address_says_whether_a_client_of_the_host_can_reach_the_listener(
+    address: str, host: str, shared: bool
+) -> None:
+    assert shares_address(Listener(address, 1), host) is shared
 
 
 def test_wait_healthy_fails_as_port_taken_when_a_copy_of_the_launch_answers_before_it_binds(

@@ -386,7 +386,7 @@ def check_owner(server: ServerProcess) -> None:
 
     problems = []
     group = set(group_members(server.pgid))
-    listeners = foreign_listeners(server.port, group)
+    listeners = foreign_listeners(server.port, group, server.config.host)
     if listeners is not None:
         foreign, ours = listeners
         if foreign:

@@ -13,8 +13,8 @@ defences, both here:
   written to a file (which a crashed worker would leave behind): the kernel drops the lock when the
   holder's file is closed, including when its process dies, so a reservation cannot outlive its worker.
 - **Listener check.** ``foreign_listeners`` lists the TCP sockets listening on the port and the ones not
-  held by the launched process group; a server that answers ``/health`` while another process holds the
-  port is not the one the harness launched (``workers.node.launcher.check_owner`` turns this into a
+  held by the launched process group that a client of the server's address could reach; a server that
+  answers ``/health`` while another process holds the port is not the one the harness launched (``workers.node.launcher.check_owner`` turns this into a
   ``port_taken`` failure, retried on another port).
 """
 
@@ -24,6 +24,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,11 +135,38 @@ def port_listeners(port: int) -> list[Listener] | None:
     ]
 
 
-def foreign_listeners(port: int, group: set[int]) -> tuple[list[Listener], bool] | None:
-    """Listeners on ``port`` outside the process ``group`` (unknown owners count as outside), and whether
-    the group itself listens there; None where the OS will not list sockets."""
+WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", ""})
+
+
+def host_addresses(host: str) -> frozenset[str] | None:
+    """The IP addresses ``host`` names (itself when it is one); None when it does not resolve."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError):
+        return None
+    return frozenset(str(info[4][0]) for info in infos)
+
+
+def shares_address(listener: Listener, host: str) -> bool:
+    """Whether a connection to ``host`` on the port can reach ``listener``: it listens on one of the host's
+    addresses or on every address (0.0.0.0, ::), or the server itself binds every address. Sockets on
+    other addresses of the same port number are not in the way: on a Ray node its processes listen on
+    the node's IP at ports the OS picked, and one may hold the number of a server bound to 127.0.0.1. A
+    host that does not resolve shares with everything (the check stays strict where it cannot tell)."""
+    address = listener.address.removeprefix("::ffff:")  # an IPv4 address seen through an IPv6 socket
+    addresses = host_addresses(host)
+    if address in WILDCARD_ADDRESSES or addresses is None or host in WILDCARD_ADDRESSES:
+        return True
+    return address in addresses or bool(addresses & WILDCARD_ADDRESSES)
+
+
+def foreign_listeners(port: int, group: set[int], host: str) -> tuple[list[Listener], bool] | None:
+    """Listeners a client of ``host``:``port`` could reach that are outside the process ``group`` (unknown
+    owners count as outside), and whether the group itself listens on the port; None where the OS will
+    not list sockets."""
     listeners = port_listeners(port)
     if listeners is None:
         return None
-    foreign = [listener for listener in listeners if listener.pid not in group]
-    return foreign, len(foreign) < len(listeners)
+    foreign = [x for x in listeners if x.pid not in group and shares_address(x, host)]
+    ours = any(x.pid in group for x in listeners)
+    return foreign, ours
