@@ -58,15 +58,20 @@ class OtherCpu:
 
     A benchmark that runs in real time on a shared machine measures the machine as well: a busy process
     elsewhere delays the simulated server and the client, and their latency tails grow with it. The
-    processes already running at entry that are not this one or its children are watched; ``cores`` is
-    their CPU seconds over the wall seconds between entry and exit (0.0 on an otherwise idle machine).
-    Processes that start later (and are not ours) are not counted: check the machine is quiet first.
+    processes already running at entry that are not this one or its children are watched; ``by_pid`` is
+    each one's CPU seconds over the wall seconds between entry and exit, ``cores`` their sum (0.0 on an
+    otherwise idle machine). Processes that start later (and are not ours) are not counted: check the
+    machine is quiet first.
     """
 
     def __init__(self) -> None:
-        self.cores = 0.0
+        self.by_pid: dict[int, float] = {}
         self._start: list[tuple[psutil.Process, float]] = []
         self._t0 = 0.0
+
+    @property
+    def cores(self) -> float:
+        return sum(self.by_pid.values())
 
     def __enter__(self) -> OtherCpu:
         ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
@@ -78,12 +83,11 @@ class OtherCpu:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        used = 0.0
+        wall = max(time.monotonic() - self._t0, 1e-9)
         for process, before in self._start:
             with contextlib.suppress(psutil.Error):
                 if process.is_running():
-                    used += _cpu_seconds(process) - before
-        self.cores = used / max(time.monotonic() - self._t0, 1e-9)
+                    self.by_pid[process.pid] = (_cpu_seconds(process) - before) / wall
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
