@@ -5,10 +5,10 @@ SGLANG_VENV := .venv-sglang
 PIP_FLAGS := -q --disable-pip-version-check
 PYTEST_ARGS ?=
 # Tests run in a random order, shuffled within each module and the modules among themselves (module fixtures,
-# such as a Ray cluster, are set up once). The header prints the seed; replay an order with
+# such as a Ray cluster, are set up once), as two pytest processes side by side: the Ray tests, one after
+# another, and the rest (tests/split_run.py says why). It prints the seed first; replay an order with
 # make test RANDOM_ORDER_SEED=<seed>
 RANDOM_ORDER_SEED ?=
-RANDOM_ORDER := -p random_order --random-order-bucket=module $(if $(RANDOM_ORDER_SEED),--random-order-seed=$(RANDOM_ORDER_SEED))
 
 .PHONY: all venv sglang-venv browser demo test lint bench mutation mutation-sample clean
 
@@ -46,7 +46,7 @@ browser:
 test: venv sglang-venv browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -p no:cacheprovider $(RANDOM_ORDER) -ra --durations=10 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m tests.split_run $(if $(RANDOM_ORDER_SEED),--seed=$(RANDOM_ORDER_SEED)) $(PYTEST_ARGS)
 
 bench: venv sglang-venv
 	$(VENV)/bin/python -m bench
