@@ -5,6 +5,7 @@ loading, before which real SGLang has not bound its port) and SGLang's own resol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,28 +63,35 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
-def _wait_listening(port: int, path: str = "/", timeout_s: float = 30.0) -> None:
+def _wait_listening(port: int, path: str = "/", timeout_s: float = 30.0, address: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout_s
-    while http_get(f"http://127.0.0.1:{port}{path}", timeout_s=1.0)[0] == 0:
+    while http_get(f"http://{address}:{port}{path}", timeout_s=1.0)[0] == 0:
         assert time.monotonic() < deadline, f"nothing answers on port {port}"
         time.sleep(0.05)
 
 
-@pytest.fixture
-def unrelated_http(tmp_path: Path) -> Iterator[tuple[int, int]]:
-    """An unrelated HTTP server (Python's http.server) listening on a free port: (port, pid)."""
-    port = pick_free_port("127.0.0.1")
+@contextlib.contextmanager
+def _http_server(address: str, port: int, folder: Path) -> Iterator[int]:
+    """An unrelated HTTP server (Python's http.server) answering on ``address``:``port``: its pid."""
     proc = _popen_group(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
-        cwd=tmp_path,
+        [sys.executable, "-m", "http.server", "--bind", address, str(port)],
+        cwd=folder,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_listening(port)
-        yield port, proc.pid
+        _wait_listening(port, address=address)
+        yield proc.pid
     finally:
         _kill_group(proc)
+
+
+@pytest.fixture
+def unrelated_http(tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """An unrelated HTTP server listening on a free port of 127.0.0.1: (port, pid)."""
+    port = pick_free_port("127.0.0.1")
+    with _http_server("127.0.0.1", port, tmp_path) as pid:
+        yield port, pid
 
 
 HOLDER = textwrap.dedent(
@@ -151,22 +159,12 @@ def test_wait_healthy_passes_when_another_process_listens_on_the_port_number_at_
     process on the node's IP) cannot receive a connection to our server's 127.0.0.1: the launch is ours
     and healthy, not port_taken (the check once failed a suite run on a Ray worker's port this way)."""
     port = pick_free_port("127.0.0.1")
-    other = _popen_group(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.2", str(port)],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    server = start_server(sim(target), port, tmp_path / "server.log")
-    try:
-        deadline = time.monotonic() + 30
-        while http_get(f"http://127.0.0.2:{port}/", timeout_s=1.0)[0] == 0:
-            assert time.monotonic() < deadline, "the other address's server never answered"
-            time.sleep(0.05)
-        assert wait_healthy(server, timeout_s=60) > 0
-    finally:
-        server.stop(grace_s=5)
-        _kill_group(other)
+    with _http_server("127.0.0.2", port, tmp_path):
+        server = start_server(sim(target), port, tmp_path / "server.log")
+        try:
+            assert wait_healthy(server, timeout_s=60) > 0
+        finally:
+            server.stop(grace_s=5)
 
 
 @pytest.mark.parametrize(
