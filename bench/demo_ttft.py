@@ -14,7 +14,7 @@ machine doing nothing else. Every result line says how many cores other processe
 the simulated server read some requests after it had begun the prefill they should have joined, so they
 waited for the next one (+7 ms), and first tokens were written and read later (+3 ms).
 Goal (issue #14): at 64 streams every config's TTFT p99 within 25% of the steady-state truth.
-Run: ``.venv/bin/python -m bench.demo_ttft`` (about 3 minutes on 2 cores).
+Run: ``.venv/bin/python -m bench.demo_ttft`` (about 2 minutes on 2 cores: the demo's five jobs run in one round).
 """
 
 from __future__ import annotations

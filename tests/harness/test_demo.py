@@ -33,15 +33,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 # The demo's own seconds per level (examples/demo.yaml), checked here because the tests' statistics need it:
 # on the default preset (Kimi-K2 on H200 x8) a request at 64 streams takes 2.3 s (the 4-token chain) to
 # 4.4 s (the baseline), so a level of 12 s holds at least two cycles of every config's replacement
-# prefills (its throughput is their steady state). The demo's DEMO_NODES (3) run it in two rounds of jobs.
+# prefills (its throughput is their steady state). The demo's DEMO_NODES (5) run its five jobs in one round.
 DURATION_S = 12.0
 RANDOM_IDS_DURATION_S = 6.0  # that sweep's test compares winners only
 RAMP_UP_S = 1.0  # the demo's load.ramp_up_s
 
 
 RANDOM_IDS_WORKLOAD = {"kind": "random_ids", "input_tokens": 256, "output_tokens": 128, "vocab_size": 163840}
-# The random-ids sweep's grid: the configs that can win on random ids, so its three jobs run in one round of
-# the demo's three nodes (its five took two). ``steady_state`` (256-token prompts, 128 out, 1 s ramp-up), as a
+# The random-ids sweep's grid: the configs that can win on random ids (three jobs, one round; the baseline
+# and chain d=12 would only load the box). ``steady_state`` (256-token prompts, 128 out, 1 s ramp-up), as a
 # share of the level's best at 16 (and 64) streams: chain d=2 1 (1), chain d=4 0.941 (0.916), the tree 0.885
 # (0.865), the baseline 0.786 (0.807), chain d=12 0.651 (0.651). The baseline and chain d=12 are 19% and
 # more below the winner at both levels, far beyond the 1.5% launch factor and a 6 s level's noise, so they

@@ -57,9 +57,13 @@ def test_seed_launches_script_gives_each_verdict_when_run_from_another_directory
     tmp_path: Path, sglang_python: str
 ) -> None:
     """examples/seed-launches.sh runs from any directory: the three launches end invalid, invalid and
-    adjusted (exit codes 2, 2, 3), and the script itself exits 0 only because each verdict was expected."""
-    env = {**os.environ, "SPECSWEEP": str(Path(sys.executable).with_name("specsweep"))}
+    adjusted (exit codes 2, 2, 3), and the script itself exits 0 only because each verdict was expected.
+    It runs as the README's quick tour runs it (specsweep on PATH, an empty HOME): the tour's docs test
+    leaves it to this test rather than start its three SGLang resolvers twice."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "HOME": str(tmp_path / "home")}
     env["SPECSWEEP_SGLANG_PYTHON"] = sglang_python
+    (tmp_path / "home").mkdir()
     done = subprocess.run(
         [str(REPO / "examples" / "seed-launches.sh")], cwd=tmp_path, env=env, capture_output=True, text=True
     )
