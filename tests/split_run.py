@@ -1,12 +1,16 @@
-"""`make test`'s runner: the suite as two pytest processes side by side, the Ray tests in one and every other
-test in the other, then the ten slowest tests of both.
+"""`make test`'s runner: the suite in two stages, then the ten slowest tests.
 
-Why two: the Ray tests (``@pytest.mark.ray``, 58 of about 1,340) take two thirds of the suite's time, most of
-it the wall time of simulated servers and Ray's start-ups rather than CPU, and they must run one after
-another (never two Ray clusters at once); the other tests use the second core meanwhile. Both processes
-shuffle their modules with the same seed, printed first, so an order can be replayed
-(``make test RANDOM_ORDER_SEED=<seed>``). Extra arguments go to both processes; the exit status is pytest's
-"tests failed" (1) if either part failed, and "no tests" (5) only if neither collected any.
+1. The Ray tests (``@pytest.mark.ray``) in one pytest process and every other test in a second one, side
+   by side. The Ray tests take most of the suite's time, most of it the wall time of simulated servers and
+   Ray's start-ups rather than CPU, and must run one after another (never two Ray clusters at once); the
+   other tests use the second core meanwhile.
+2. The tests marked ``@pytest.mark.quiet`` (Ray or not), alone on the machine, one after another: they
+   measure latency tails or throughput margins against a truth on a machine of two cores, where the other
+   process's load would be measured with them.
+
+Every process shuffles its modules with the same seed, printed first, so an order can be replayed
+(``make test RANDOM_ORDER_SEED=<seed>``). Extra arguments go to every process; the exit status is pytest's
+"tests failed" (1) if any part failed, and "no tests" (5) only if no part collected any.
 """
 
 from __future__ import annotations
@@ -20,20 +24,23 @@ import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED, without importing pytest here
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One of the two pytest processes: which tests (a marker expression) and what to call it."""
+    """One pytest process: which tests (a marker expression), what to call it, its report's file name."""
 
     name: str
     markers: str
+    report: str
 
 
-RAY = Part("ray tests (one after another)", "ray")
-REST = Part("other tests", "not ray")
+RAY = Part("Ray tests, one after another", "ray and not quiet", "ray.xml")
+REST = Part("other tests", "not ray and not quiet", "rest.xml")
+QUIET = Part("quiet tests, alone on the machine", "quiet", "quiet.xml")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +51,7 @@ class TestTime:
     test_id: str
 
 
-def pytest_argv(part: Part, seed: int, report: Path, extra: list[str]) -> list[str]:
+def pytest_argv(part: Part, seed: int, folder: Path, extra: list[str]) -> list[str]:
     """The command line of one part: random order by module with the shared seed, its JUnit report."""
     return [
         sys.executable,
@@ -59,7 +66,7 @@ def pytest_argv(part: Part, seed: int, report: Path, extra: list[str]) -> list[s
         "-ra",
         "-m",
         part.markers,
-        f"--junitxml={report}",
+        f"--junitxml={folder / part.report}",
         *extra,
     ]
 
@@ -84,34 +91,40 @@ def combined_status(codes: list[int]) -> int:
     return max(failed) if failed else 0
 
 
+def side_by_side(seed: int, folder: Path, extra: list[str], rest_log: IO[str]) -> list[int]:
+    """Stage 1: the Ray part streams to this terminal while the other part writes ``rest_log``."""
+    rest = subprocess.Popen(pytest_argv(REST, seed, folder, extra), stdout=rest_log, stderr=subprocess.STDOUT)
+    try:
+        print(f"== {RAY.name}; the {REST.name} beside them, printed after", flush=True)
+        ray_code = subprocess.call(pytest_argv(RAY, seed, folder, extra))
+    finally:
+        rest_code = rest.wait()
+    return [ray_code, rest_code]
+
+
 def run(seed: int, extra: list[str], count: int) -> int:
-    """Both parts side by side: the Ray part streams to this terminal, the other part's output follows it."""
+    """Both stages; then the slowest tests, the stages' wall times and every part's exit code."""
     print(f"random order seed {seed} (replay: make test RANDOM_ORDER_SEED={seed})", flush=True)
     with tempfile.TemporaryDirectory(prefix="specsweep-tests-") as tmp:
         folder = Path(tmp)
-        reports = [folder / "ray.xml", folder / "rest.xml"]
         start = time.monotonic()
         with open(folder / "rest.log", "w+") as rest_log:
-            rest = subprocess.Popen(
-                pytest_argv(REST, seed, reports[1], extra), stdout=rest_log, stderr=subprocess.STDOUT
-            )
-            try:
-                print(f"== {RAY.name}; {REST.name} beside them, printed after", flush=True)
-                ray_code = subprocess.call(pytest_argv(RAY, seed, reports[0], extra))
-                ray_s = time.monotonic() - start
-            finally:
-                rest_code = rest.wait()
+            codes = side_by_side(seed, folder, extra, rest_log)
             rest_log.seek(0)
             print(f"\n== {REST.name}", flush=True)
             sys.stdout.write(rest_log.read())
+        first_s = time.monotonic() - start
+        print(f"\n== {QUIET.name}", flush=True)
+        codes.append(subprocess.call(pytest_argv(QUIET, seed, folder, extra)))
         wall_s = time.monotonic() - start
         print(f"\n== the {count} slowest tests (setup, call and teardown)")
-        for entry in slowest(reports, count):
+        for entry in slowest([folder / part.report for part in (RAY, REST, QUIET)], count):
             print(f"{entry.seconds:8.2f}s  {entry.test_id}")
     print(
-        f"\n== suite: {wall_s:.1f} s of wall time (the Ray part {ray_s:.1f} s); exit codes {ray_code}, {rest_code}"
+        f"\n== suite: {wall_s:.1f} s of wall time ({first_s:.1f} s side by side, then "
+        f"{wall_s - first_s:.1f} s quiet); exit codes {', '.join(map(str, codes))}"
     )
-    return combined_status([ray_code, rest_code])
+    return combined_status(codes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """`make test`'s runner (tests/split_run.py): the Ray tests and the others as two pytest processes side by
-side, one seed, one exit status, the slowest tests of both."""
+side, then the quiet tests alone; one seed, one exit status, the slowest tests of every part."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 _SUITE = {
-    "pytest.ini": "[pytest]\nmarkers =\n    ray: starts a Ray cluster\n",
+    "pytest.ini": "[pytest]\nmarkers =\n    ray: starts a Ray cluster\n    quiet: alone on the machine\n",
     "test_with_ray.py": (
         "import os, time\nimport pytest\npytestmark = pytest.mark.ray\n\n"
         "def test_ray_part():\n"
@@ -27,6 +27,12 @@ _SUITE = {
         "    open('rest.span', 'w').write(f'{start} {time.time()} {os.getpid()}')\n\n"
         "def test_fails_when_asked():\n"
         "    assert os.environ.get('FAIL_OTHER') != '1', 'asked to fail'\n"
+    ),
+    "test_quiet.py": (
+        "import os, time\nimport pytest\npytestmark = [pytest.mark.ray, pytest.mark.quiet]\n\n"
+        "def test_quiet_part():\n"
+        "    start = time.time(); time.sleep(0.2)\n"
+        "    open('quiet.span', 'w').write(f'{start} {time.time()} {os.getpid()}')\n"
     ),
 }
 
@@ -55,16 +61,21 @@ def _span(path: Path) -> tuple[float, float, int]:
     return float(start), float(end), int(pid)
 
 
-def test_split_run_runs_ray_and_other_tests_side_by_side_with_one_seed_when_both_pass(suite: Path) -> None:
-    """Each part in its own process, at the same time (their 1.5 s tests overlap), both with the seed
-    given; the slowest tests of both parts are listed together; exit 0."""
+def test_split_run_runs_ray_and_other_tests_side_by_side_then_quiet_ones_alone_when_all_pass(
+    suite: Path,
+) -> None:
+    """The Ray part and the other part in two processes at the same time (their 1.5 s tests overlap), the
+    quiet test (Ray-marked too) after both ended, in a third; all with the seed given; the slowest tests
+    of the parts are listed together; exit 0."""
     done = _run(suite, "--seed", "7", "--slowest", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     ray_start, ray_end, ray_pid = _span(suite / "ray.span")
     rest_start, rest_end, rest_pid = _span(suite / "rest.span")
-    assert ray_pid != rest_pid
+    quiet_start, _, quiet_pid = _span(suite / "quiet.span")
+    assert len({ray_pid, rest_pid, quiet_pid}) == 3
     assert max(ray_start, rest_start) < min(ray_end, rest_end)  # they overlapped
-    assert done.stdout.count("Using --random-order-seed=7") == 2
+    assert quiet_start > max(ray_end, rest_end)
+    assert done.stdout.count("Using --random-order-seed=7") == 3
     assert "random order seed 7 (replay: make test RANDOM_ORDER_SEED=7)" in done.stdout
     slowest = done.stdout.split("slowest tests")[1].splitlines()[1:3]
     assert sorted(line.split()[1] for line in slowest) == [
@@ -83,9 +94,10 @@ def test_split_run_fails_and_prints_the_failure_when_the_other_part_fails(suite:
 
 
 def test_split_run_passes_when_the_selection_has_no_ray_test(suite: Path) -> None:
-    """Arguments reach both parts: a selection without a Ray test leaves the Ray part nothing to run,
-    which is not a failure while the other part ran and passed."""
+    """Arguments reach every part: a selection without a Ray or quiet test leaves those parts nothing to
+    run, which is not a failure while the other part ran and passed."""
     done = _run(suite, "--seed", "3", "test_without_ray.py", "-k", "other_part")
     assert done.returncode == 0, done.stdout
     assert not (suite / "ray.span").exists() and (suite / "rest.span").exists()
-    assert "exit codes 5, 0" in done.stdout
+    assert not (suite / "quiet.span").exists()
+    assert "exit codes 5, 0, 5" in done.stdout
