@@ -41,9 +41,11 @@ SCALE = 0.5  # real seconds per simulated second: a few ms of scheduling noise s
 # average of 5 the baseline's p90 at 31 streams read 6.8% over its truth, failing 25.5 ms). Launches run
 # at factor 1 (SPECSWEEP_SIM_LAUNCH_SIGMA 0): past 32 streams the chain's p90 is flat within 1% up to 40
 # (26.1-26.8 ms), so a launch factor of a few percent moved its truth to 36 and a probe found 40; at 20 ms the chain's truth was 22 streams (23 and 24 pad to 24,
-# 2% over the SLO) and a probe's p90 found 24. The rate test's 20 ms: rates 25.6 and 36.6 req/s (measured
-# 25.56 and 35.37 against truths 26.13 and 35.91 at a load average of 18); at 25 ms the baseline's probes
-# ran at about 3,800 chunks/s and at a load average of 21 found 22.3 req/s for a truth of 30.8.
+# 2% over the SLO) and a probe's p90 found 24. The rate test's 20 ms: rates 25.6 and 36.6 req/s at 64
+# output tokens (measured 25.56 and 35.37 against truths 26.13 and 35.91 at a load average of 18), about 47
+# and 61 req/s at 32 (measured 45.75 and 60.79 against 47.03 and 61.12 at a load average of 17, 45.87 and
+# 60.14 against 47.3 and 60.8 at 11); at 25 ms the baseline's probes ran at about 3,800 chunks/s and at a
+# load average of 21 found 22.3 req/s for a truth of 30.8.
 SLO_CONCURRENCY_TPOT_P90_S = 0.0257
 SLO_RATE_TPOT_P90_S = 0.020
 INPUT = 32
@@ -213,7 +215,9 @@ def test_rate_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searche
     """Open loop: at most 8 rate probes per launch find the rate at which p90 TPOT meets the SLO within
     5% of the model's. Arrivals are gamma with shape 20 (gaps within about 22% of their mean): with
     Poisson arrivals the p90 TPOT of one 200-request level varies 8-11% from level to level in the model
-    itself, which no single-launch search can resolve to 5% (docs/results.md, noisy verdicts)."""
+    itself, which no single-launch search can resolve to 5% (docs/results.md, noisy verdicts). Requests
+    of 32 output tokens (RATE_OUTPUT): the truth is the model's for that length, and the capacity's
+    level-to-level spread is as at 64 tokens, in about half a probe's time near it."""
     # a 32x bracket, as wide as [4, 128] before (and [2, 64]), so the geometric bisection halves it as many
     # times; the truths (about 47 and 61 req/s) lie 0.5-0.6 of the way up it in log rate, not at an end.
     # Its first probe at 45 req/s sends 200 requests in 4.4 s (22.6 req/s, [4, 128]'s first, in 8.8 s): the
