@@ -41,12 +41,22 @@ SCALE = 0.5  # real seconds per simulated second: a few ms of scheduling noise s
 # average of 5 the baseline's p90 at 31 streams read 6.8% over its truth, failing 25.5 ms). Launches run
 # at factor 1 (SPECSWEEP_SIM_LAUNCH_SIGMA 0): past 32 streams the chain's p90 is flat within 1% up to 40
 # (26.1-26.8 ms), so a launch factor of a few percent moved its truth to 36 and a probe found 40; at 20 ms the chain's truth was 22 streams (23 and 24 pad to 24,
-# 2% over the SLO) and a probe's p90 found 24. The rate test's 20 ms: rates 25.6 and 36.6 req/s (measured
-# 25.56 and 35.37 against truths 26.13 and 35.91 at a load average of 18); at 25 ms the baseline's probes
-# ran at about 3,800 chunks/s and at a load average of 21 found 22.3 req/s for a truth of 30.8.
+# 2% over the SLO) and a probe's p90 found 24. The rate test's 20 ms: rates 25.6 and 36.6 req/s at 64
+# output tokens (measured 25.56 and 35.37 against truths 26.13 and 35.91 at a load average of 18), about 47
+# and 61 req/s at 32 (measured 45.75 and 60.79 against 47.03 and 61.12 at a load average of 17, 45.87 and
+# 60.14 against 47.3 and 60.8 at 11); at 25 ms the baseline's probes ran at about 3,800 chunks/s and at a
+# load average of 21 found 22.3 req/s for a truth of 30.8.
 SLO_CONCURRENCY_TPOT_P90_S = 0.0257
 SLO_RATE_TPOT_P90_S = 0.020
-INPUT, OUTPUT = 32, 64
+INPUT = 32
+# Output tokens per request: the concurrency test's 64 keep its SLO between the CUDA-graph steps with room on
+# both sides (at 32 the chain's p90 at 32 streams is 25.96 ms, 1% under the 26.4 ms that 33 streams would
+# need, against 7.6-8.8% under 25.7 ms at 64). The rate test's 32 halve a request's life, so the same server
+# load comes at twice the rate and a 200-request probe takes half the time (about 4 s instead of 8); the
+# tokens per second at capacity, and with them the chunks the box serves, stay as at 64 (about 1,500/s), and
+# the model's own level-to-level spread of the capacity is no wider (12 single-run capacities against the
+# pooled truth: sd 2.0% and 2.4% at 32, 2.2% and 2.3% at 64).
+CONCURRENCY_OUTPUT, RATE_OUTPUT = 64, 32
 MIX = ((RANDOM_IDS, 1.0),)  # random token ids: the simulator's random_ids acceptance
 BURSTINESS = 20.0  # gamma arrivals of the rate probes (see below)
 CONFIGS = {
@@ -66,7 +76,7 @@ def true_concurrency(params: SpecParams, lo: int, hi: int, requests: int, factor
     until 20,000 verify steps) at the launch's ``factor``."""
     p90 = QUANTILES.index(0.9)
     for concurrency in range(lo, hi + 1):
-        load = Load(concurrency, INPUT, OUTPUT, requests, mix=MIX)
+        load = Load(concurrency, INPUT, CONCURRENCY_OUTPUT, requests, mix=MIX)
         truth = ground_truth(DEFAULT_PRESET, params, load, factor=factor)
         if truth.tpot_quantiles[p90] > SLO_CONCURRENCY_TPOT_P90_S:
             return concurrency - 1
@@ -75,10 +85,12 @@ def true_concurrency(params: SpecParams, lo: int, hi: int, requests: int, factor
 
 def true_rate(params: SpecParams, lo: float, hi: float, requests: int, factor: float) -> float:
     """The highest rate before the modelled p90 TPOT of a probe's open loop (``requests`` gamma arrivals
-    on an idle server, 20 runs pooled, at the launch's ``factor``) breaks the SLO: 8% steps up from
-    ``lo`` to the first break, then 1% steps up from the last rate that held."""
+    on an idle server, 20 runs pooled, at the launch's ``factor``) breaks the SLO: 25% steps up from
+    ``lo`` to the first break, then 5% and 1% steps up from the last rate that held, so within 1% below
+    the break (15-16 evaluations instead of the 34-41 of 8% and 1% steps, about 6 s of CPU less per
+    config; the rates differ by under 1%)."""
     p90 = QUANTILES.index(0.9)
-    load = Load(1, INPUT, OUTPUT, requests, mix=MIX)
+    load = Load(1, INPUT, RATE_OUTPUT, requests, mix=MIX)
 
     def holds(rate: float) -> bool:
         tpot = open_loop_tpot_quantiles(
@@ -87,25 +99,29 @@ def true_rate(params: SpecParams, lo: float, hi: float, requests: int, factor: f
         return tpot[p90] <= SLO_RATE_TPOT_P90_S
 
     rate = lo
-    for step in (1.08, 1.01):
+    for step in (1.25, 1.05, 1.01):
         while rate * step <= hi and holds(rate * step):
             rate *= step
     return rate
 
 
 def searched(
-    cluster_models: dict[str, str], out: Path, load: dict[str, Any]
+    cluster_models: dict[str, str], out: Path, output: int, load: dict[str, Any]
 ) -> tuple[dict[str, tuple[float, str, int]], list[tuple[str, float, bool]], dict[str, float]]:
-    """Run a sweep of CONFIGS with ``load`` (one server at a time); each config's (capacity, bound,
-    probes), every probe's (config, load, passed) and each config's launch factor."""
+    """Run a sweep of CONFIGS with ``load`` of ``output``-token requests (one server at a time); each
+    config's (capacity, bound, probes), every probe's (config, load, passed) and each config's launch
+    factor."""
     data = make_spec(
         cluster_models,
         out,
         speculative={"chain_depths": [4]},
         max_servers=1,  # one server at a time: two on this 2-core box would slow each other's clients
         load={
-            "warmup_requests": 4,
-            "workload": {"kind": "random_ids", "input_tokens": INPUT, "output_tokens": OUTPUT},
+            # no warmup: the truths are of an idle server (the open loop's first request on an idle
+            # server, the closed loop's clients starting together), and 4 warmup requests cost a
+            # request's life per probe (0.4-0.8 s; the cache is flushed after them either way)
+            "warmup_requests": 0,
+            "workload": {"kind": "random_ids", "input_tokens": INPUT, "output_tokens": output},
             **load,
         },
         timeouts={"startup_s": 60, "level_s": 120, "stop_s": 5, "placement_s": 60},
@@ -161,10 +177,12 @@ def test_concurrency_capacity_is_within_5_percent_of_the_model_in_8_probes_when_
     found, probes, factors = searched(
         models,
         out,
+        CONCURRENCY_OUTPUT,
         {
-            # the fixed level is only there to show levels and probes share the launch: at 16 clients
-            # its 120 requests take about 5 s per config (at 2 clients 18-29 s)
-            "concurrency": [16],
+            # the fixed level is only there to show levels and probes share the launch: at 48 clients
+            # (the chain's running requests) its 120 requests take about 2 s per config (at 16 clients
+            # 3.3-4.2 s, at 2 clients 18-29 s)
+            "concurrency": [48],
             "requests_per_level": requests,
             "capacity": {**capacity, "slo": f"tpot_p90_ms<={SLO_CONCURRENCY_TPOT_P90_S * 1000 * SCALE:g}"},
         },
@@ -197,13 +215,19 @@ def test_rate_capacity_is_within_5_percent_of_the_model_in_8_probes_when_searche
     """Open loop: at most 8 rate probes per launch find the rate at which p90 TPOT meets the SLO within
     5% of the model's. Arrivals are gamma with shape 20 (gaps within about 22% of their mean): with
     Poisson arrivals the p90 TPOT of one 200-request level varies 8-11% from level to level in the model
-    itself, which no single-launch search can resolve to 5% (docs/results.md, noisy verdicts)."""
-    # a 32x bracket, as wide as [2, 64] for a geometric bisection, whose first probe (at 22.6 req/s) takes
-    # 200 requests half the time one at 11.3 req/s would
-    lo, hi, requests = 4.0, 128.0, 200
+    itself, which no single-launch search can resolve to 5% (docs/results.md, noisy verdicts). Requests
+    of 32 output tokens (RATE_OUTPUT): the truth is the model's for that length, and the capacity's
+    level-to-level spread is as at 64 tokens, in about half a probe's time near it."""
+    # a 32x bracket, as wide as [4, 128] before (and [2, 64]), so the geometric bisection halves it as many
+    # times; the truths (about 47 and 61 req/s) lie 0.5-0.6 of the way up it in log rate, not at an end.
+    # Its first probe at 45 req/s sends 200 requests in 4.4 s (22.6 req/s, [4, 128]'s first, in 8.8 s): the
+    # probes' arrival spans add up to 29 and 26 s against 40 and 31 s for [4, 128] at the truths' verdicts.
+    # The overload probe at 108 req/s fails by half its limit whatever the box's load does to it.
+    lo, hi, requests = 8.0, 256.0, 200
     found, probes, factors = searched(
         models,
         tmp_path / "out",
+        RATE_OUTPUT,
         {
             "requests_per_level": requests,
             "arrival": "gamma",
