@@ -29,7 +29,9 @@ from workers.sim.model import QUANTILES, RANDOM_IDS, Load, ground_truth, open_lo
 from workers.sim.presets import DEFAULT_PRESET
 from workers.sim.reported import job_launch_factors
 
-pytestmark = pytest.mark.ray
+# Quiet: its p90 TPOTs sit within a few percent of an SLO between two CUDA-graph steps, and a busy machine's
+# late reads move them across it, so `make test` runs it alone (tests/split_run.py).
+pytestmark = [pytest.mark.ray, pytest.mark.quiet]
 
 SCALE = 0.5  # real seconds per simulated second: a few ms of scheduling noise stay well under a TPOT step
 # The SLOs on p90 TPOT, in simulated seconds (the spec's limit is this x SCALE in real milliseconds); 35 ms
