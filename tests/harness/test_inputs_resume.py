@@ -1,7 +1,7 @@
 """Inputs changed in place between an interrupted sweep and its resume (issue #26, finding 2): a prompt
 file edited at the same path is refused by name, and once accepted it is measured under new job ids that
 ``best`` never ranks with the earlier ones. One embedded Ray for the module, the simulator at a fast time
-scale, short levels, one server slot (two for the test whose rule does not need jobs one at a time)."""
+scale, short levels, two server slots (one for the test whose rule needs jobs one at a time)."""
 
 from __future__ import annotations
 
@@ -248,8 +248,10 @@ def test_confirmation_is_measured_again_under_a_new_id_when_inputs_change_after_
 ) -> None:
     """A finished sweep with its confirmation job, then the prompt file edited and the change accepted:
     the resume launches a new confirmation (built from the new prompts' results, under an id of the new
-    inputs) instead of taking the one measured on the earlier prompts, and `best` reports the new one."""
-    data = {**_spec_data(tmp_path), "repeats": 1, "confirm_adaptive": True}
+    inputs) instead of taking the one measured on the earlier prompts, and `best` reports the new one.
+    Two slots: the baseline and the chain of each run side by side, then the confirmation (four rounds of
+    launches instead of six); both measured at once, so the box's load weighs on both alike."""
+    data = {**_spec_data(tmp_path), "repeats": 1, "confirm_adaptive": True, "max_servers": 2}
     data["load"] = {**data["load"], "concurrency": [1, 4]}
     # a confirmation is queued only where a chain wins a level, so its lead must be the simulated steps':
     # at 0.05 of real time they are a twentieth as long as at 1, and on a busy box the HTTP path's CPU
