@@ -1,6 +1,8 @@
 """A sweep whose output disk fills up mid-run stops with one line (DiskFullError, exit 5), leaves
 nothing half-written and its queue intact, and ``--resume`` finishes it once there is space, every
-row exactly once. The disk is a real small tmpfs (tests/conftest.py's ``small_disk``) filled by the test."""
+row exactly once. The disk is a real small tmpfs (tests/conftest.py's ``small_disk``) filled by the test.
+Two server slots: the disk fills while a job is in flight either way, and the resume's jobs take half the
+rounds of one slot's."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def test_run_stops_with_one_line_and_resumes_when_the_output_disk_fills(
         "base_args": ["--tp-size", "8"],
         "speculative": {"chain_depths": [2, 3, 4, 5], "num_steps": [2], "topk": [2], "num_draft_tokens": [3]},
         "baseline": True,
-        "max_servers": 1,
+        "max_servers": 2,
         "load": {
             "concurrency": [1, 2],
             "requests_per_level": REQUESTS,

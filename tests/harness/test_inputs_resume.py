@@ -1,7 +1,7 @@
 """Inputs changed in place between an interrupted sweep and its resume (issue #26, finding 2): a prompt
 file edited at the same path is refused by name, and once accepted it is measured under new job ids that
 ``best`` never ranks with the earlier ones. One embedded Ray for the module, the simulator at a fast time
-scale, one server slot, short levels."""
+scale, short levels, two server slots (one for the test whose rule needs jobs one at a time)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def ray_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayConnectio
     saved = {k: os.environ.get(k) for k in ("SPECSWEEP_PID_DIR", "SPECSWEEP_DRAFTER_CACHE")}
     os.environ["SPECSWEEP_PID_DIR"] = str(root / "pids")
     os.environ["SPECSWEEP_DRAFTER_CACHE"] = str(root / "drafters")
-    connection = connect_ray("local", parse_spec(_spec_data(tmp_path_factory.mktemp("probe"))))
+    probe = {**_spec_data(tmp_path_factory.mktemp("probe")), "max_servers": 2}  # room for two slots
+    connection = connect_ray("local", parse_spec(probe))
     yield connection
     connection.close()
     for key, value in saved.items():
@@ -113,8 +114,11 @@ def test_resume_refuses_then_measures_new_job_ids_when_prompt_file_edited_in_pla
     """A prompt file edited at the same path between an interrupted run and --resume: the resume is
     refused (exit 2, one line naming the file, nothing run or written); --accept-changed-inputs measures
     every job under a new id, keeps the earlier done job as it was, and `best` ranks only the jobs of the
-    new prompts (a note says what it left out), never the earlier job as a repeat of its config."""
-    data = _spec_data(tmp_path)
+    new prompts (a note says what it left out), never the earlier job as a repeat of its config.
+
+    Two slots (the module's others run one): the interrupt still lands after the first done job with the
+    rest not done, and the resume's four new jobs take two rounds instead of four."""
+    data = {**_spec_data(tmp_path), "max_servers": 2}
     spec = parse_spec(data)
     out = Path(data["output_dir"])
     spec_file = tmp_path / "sweep.yaml"
@@ -244,8 +248,10 @@ def test_confirmation_is_measured_again_under_a_new_id_when_inputs_change_after_
 ) -> None:
     """A finished sweep with its confirmation job, then the prompt file edited and the change accepted:
     the resume launches a new confirmation (built from the new prompts' results, under an id of the new
-    inputs) instead of taking the one measured on the earlier prompts, and `best` reports the new one."""
-    data = {**_spec_data(tmp_path), "repeats": 1, "confirm_adaptive": True}
+    inputs) instead of taking the one measured on the earlier prompts, and `best` reports the new one.
+    Two slots: the baseline and the chain of each run side by side, then the confirmation (four rounds of
+    launches instead of six); both measured at once, so the box's load weighs on both alike."""
+    data = {**_spec_data(tmp_path), "repeats": 1, "confirm_adaptive": True, "max_servers": 2}
     data["load"] = {**data["load"], "concurrency": [1, 4]}
     # a confirmation is queued only where a chain wins a level, so its lead must be the simulated steps':
     # at 0.05 of real time they are a twentieth as long as at 1, and on a busy box the HTTP path's CPU
