@@ -518,13 +518,18 @@ async def _sleep_until(abs_ns: int) -> None:
 
 
 async def _finish(tasks: list[asyncio.Task[None]], level: LoadLevel, deadline_abs_ns: int | None) -> None:
-    """Wait for in-flight requests; after a duration they get ``drain_s`` more, then are cut off."""
-    if not tasks:
-        return
-    timeout = None
+    """Wait for in-flight requests; after a duration they get ``drain_s`` more, then are cut off (never
+    earlier: uvloop's timers round to milliseconds and may wake before the time asked, so it waits again
+    until the drain has really ended)."""
+    end_abs_ns = None
     if deadline_abs_ns is not None:
-        timeout = max(0.0, (deadline_abs_ns - time.perf_counter_ns()) / 1e9) + level.drain_s
-    _, pending = await asyncio.wait(tasks, timeout=timeout)
+        end_abs_ns = max(deadline_abs_ns, time.perf_counter_ns()) + round(level.drain_s * 1e9)
+    pending = set(tasks)
+    while pending:
+        remaining_s = None if end_abs_ns is None else (end_abs_ns - time.perf_counter_ns()) / 1e9
+        if remaining_s is not None and remaining_s <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=remaining_s)
     for task in pending:
         task.cancel()  # _send turns the cancellation into a "cut_off" record
     if pending:
