@@ -23,6 +23,11 @@ from workers.node.launcher import ServerProcess, start_sim
 from workers.node.telemetry import GPU, SERVER, AttemptTelemetry, parse_metrics
 from workers.sglang import api
 
+# Quiet: the scraped running-requests mean is checked within 5% of the client's in-flight count at 1/20 of
+# real time, and a busy machine's late scrapes moved it 6.6% (1.86 against 1.995 beside the Ray tests), so
+# `make test` runs it alone (tests/split_run.py).
+pytestmark = pytest.mark.quiet
+
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"SPECSWEEP_SIM_TIME_SCALE": "0.05", "SPECSWEEP_SIM_SEED": "1"}
 PROMETHEUS_TYPES = {"Gauge": "gauge", "Counter": "counter", "Histogram": "histogram", "Summary": "summary"}
