@@ -14,8 +14,9 @@ defences, both here:
   holder's file is closed, including when its process dies, so a reservation cannot outlive its worker.
 - **Listener check.** ``foreign_listeners`` lists the TCP sockets listening on the port and the ones not
   held by the launched process group that a client of the server's address could reach; a server that
-  answers ``/health`` while another process holds the port is not the one the harness launched (``workers.node.launcher.check_owner`` turns this into a
-  ``port_taken`` failure, retried on another port).
+  answers ``/health`` while another process holds the port is not the one the harness launched
+  (``workers.node.launcher.check_owner`` turns this into a ``port_taken`` failure, retried on another
+  port).
 """
 
 from __future__ import annotations
