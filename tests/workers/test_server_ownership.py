@@ -31,7 +31,7 @@ from workers.node.launcher import (
     start_server,
     wait_healthy,
 )
-from workers.node.ports import Listener, reserve_port, shares_address, try_reserve
+from workers.node.ports import Listener, host_addresses, reserve_port, shares_address, try_reserve
 from workers.node.preflight import pick_free_port
 from workers.sglang import SGLangResolver, api
 
@@ -185,7 +185,7 @@ def test_wait_healthy_passes_when_another_process_listens_on_the_port_number_at_
 def test_shares_address_says_whether_a_client_of_the_host_can_reach_the_listener(
     address: str, host: str, shared: bool
 ) -> None:
-    assert shares_address(Listener(address, 1), host) is shared
+    assert shares_address(Listener(address, 1), host_addresses(host)) is shared
 
 
 def test_wait_healthy_fails_as_port_taken_when_a_copy_of_the_launch_answers_before_it_binds(

@@ -148,17 +148,17 @@ def host_addresses(host: str) -> frozenset[str] | None:
     return frozenset(str(info[4][0]) for info in infos)
 
 
-def shares_address(listener: Listener, host: str) -> bool:
-    """Whether a connection to ``host`` on the port can reach ``listener``: it listens on one of the host's
-    addresses or on every address (0.0.0.0, ::), or the server itself binds every address. Sockets on
-    other addresses of the same port number are not in the way: on a Ray node its processes listen on
-    the node's IP at ports the OS picked, and one may hold the number of a server bound to 127.0.0.1. A
-    host that does not resolve shares with everything (the check stays strict where it cannot tell)."""
+def shares_address(listener: Listener, host_ips: frozenset[str] | None) -> bool:
+    """Whether a connection to a host with the IP addresses ``host_ips`` (``host_addresses``) on the port
+    can reach ``listener``: it listens on one of them or on every address (0.0.0.0, ::), or the server
+    itself binds every address. Sockets on other addresses of the same port number are not in the way:
+    on a Ray node its processes listen on the node's IP at ports the OS picked, and one may hold the
+    number of a server bound to 127.0.0.1. A host that does not resolve (None) shares with everything
+    (the check stays strict where it cannot tell)."""
     address = listener.address.removeprefix("::ffff:")  # an IPv4 address seen through an IPv6 socket
-    addresses = host_addresses(host)
-    if address in WILDCARD_ADDRESSES or addresses is None or host in WILDCARD_ADDRESSES:
+    if host_ips is None or address in WILDCARD_ADDRESSES:
         return True
-    return address in addresses or bool(addresses & WILDCARD_ADDRESSES)
+    return address in host_ips or bool(host_ips & WILDCARD_ADDRESSES)
 
 
 def foreign_listeners(port: int, group: set[int], host: str) -> tuple[list[Listener], bool] | None:
@@ -168,6 +168,7 @@ def foreign_listeners(port: int, group: set[int], host: str) -> tuple[list[Liste
     listeners = port_listeners(port)
     if listeners is None:
         return None
-    foreign = [x for x in listeners if x.pid not in group and shares_address(x, host)]
+    host_ips = host_addresses(host)
+    foreign = [x for x in listeners if x.pid not in group and shares_address(x, host_ips)]
     ours = any(x.pid in group for x in listeners)
     return foreign, ours
